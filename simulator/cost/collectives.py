@@ -1,0 +1,46 @@
+"""Alpha-beta models of collectives and point-to-point transfers on a link.
+
+Ring all-reduce over ``n`` ranks moves ``2(n-1)/n * B`` bytes through each rank's link in
+``2(n-1)`` steps; each step pays the link's hop latency, each call a base latency (the
+NCCL model in ``nccl/src/graph/tuning.cc``). A one-rank group costs nothing.
+"""
+
+from __future__ import annotations
+
+from simulator.hardware.profiles import LinkProfile
+
+
+def _alpha(link: LinkProfile, steps: int) -> float:
+    return (link.collective_base_us + steps * link.collective_hop_us) * 1e-6
+
+
+def allreduce_time(nbytes: float, ranks: int, link: LinkProfile) -> float:
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    steps = 2 * (ranks - 1)
+    return _alpha(link, steps) + (2 * (ranks - 1) / ranks) * nbytes / link.effective_bandwidth
+
+
+def allgather_time(nbytes: float, ranks: int, link: LinkProfile) -> float:
+    """All-gather (or reduce-scatter) of a ``nbytes`` output buffer."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    steps = ranks - 1
+    return _alpha(link, steps) + ((ranks - 1) / ranks) * nbytes / link.effective_bandwidth
+
+
+def alltoall_time(nbytes_per_rank: float, ranks: int, link: LinkProfile) -> float:
+    """All-to-all where each rank holds ``nbytes_per_rank`` and keeps 1/ranks of it."""
+    if ranks <= 1 or nbytes_per_rank <= 0:
+        return 0.0
+    steps = ranks - 1
+    moved = ((ranks - 1) / ranks) * nbytes_per_rank
+    return _alpha(link, steps) + moved / link.effective_bandwidth
+
+
+def p2p_time(nbytes: float, link: LinkProfile) -> float:
+    """One send/recv: set-up overhead + latency + bytes at the achievable bandwidth."""
+    if nbytes <= 0:
+        return 0.0
+    fixed = (link.per_transfer_overhead_us + link.latency_us) * 1e-6
+    return fixed + nbytes / link.effective_bandwidth

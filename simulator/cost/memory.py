@@ -1,0 +1,114 @@
+"""Memory of an instance: weights, activation reserve and KV-cache capacity per device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.cost.parallel import Parallelism, Precisions
+from simulator.cost.step import _split_layers, _stage_moe_layers
+from simulator.hardware.profiles import DeviceProfile
+from simulator.models.arch import ModelConfig
+from simulator.units import GIB, bytes_per_element
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Per-device memory of the most loaded device of an instance."""
+
+    capacity_bytes: float
+    usable_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    kv_bytes_per_token: float
+    """KV bytes one token takes on the most loaded device."""
+    kv_capacity_tokens: int
+    block_size: int
+
+    @property
+    def kv_capacity_blocks(self) -> int:
+        return self.kv_capacity_tokens // self.block_size
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.usable_bytes - self.weight_bytes - self.activation_bytes
+
+
+def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str) -> list[float]:
+    """Weight bytes on one device of each pipeline stage."""
+    wb = bytes_per_element(weights)
+    layers = _split_layers(model.num_layers, par.pp)
+    moe = _stage_moe_layers(model, layers)
+    out = []
+    for index, (n, n_moe) in enumerate(zip(layers, moe, strict=True)):
+        attn = model.attention_params() + model.norm_params_per_layer()
+        if model.attention == "mla":
+            h = model.hidden_size
+            replicated = h * (model.q_lora_rank or 0) + h * (model.kv_lora_rank + model.qk_rope_head_dim)
+            attn_dev = replicated + (attn - replicated) / par.tp
+        else:
+            kv_dev_heads = -(-model.num_kv_heads // par.tp)
+            kv = model.hidden_size * 2 * kv_dev_heads * model.head_dim
+            attn_dev = (attn - model.hidden_size * 2 * model.kv_width) / par.tp + kv
+        dense_ffn = model.ffn_params(model.intermediate_size) / par.tp
+        params = n * attn_dev + (n - n_moe) * dense_ffn
+        if n_moe:
+            total, _ = model.moe_layer_params()
+            expert = model.ffn_params(model.moe_intermediate_size)
+            routed = model.num_experts * expert
+            params += n_moe * (routed / par.tp + (total - routed) / par.tp)
+        if index == 0:
+            params += model.vocab_size * model.hidden_size / par.tp
+        if index == par.pp - 1 and not (model.tie_word_embeddings and par.pp == 1):
+            params += model.vocab_size * model.hidden_size / par.tp
+        out.append(params * wb)
+    return out
+
+
+def activation_reserve_bytes(
+    model: ModelConfig, par: Parallelism, activations: str, max_batched_tokens: int,
+    max_seqs: int, runtime_reserve_gib: float,
+) -> float:
+    """Peak transient memory of a step plus the runtime's fixed reserve.
+
+    The largest live intermediates are the FFN input/outputs of the biggest step
+    (``max_batched_tokens`` tokens) and the fp32 logits of ``max_seqs`` sequences.
+    """
+    ab = bytes_per_element(activations)
+    width = max(model.intermediate_size, model.moe_intermediate_size * model.num_experts_per_token)
+    per_token = (4 * model.hidden_size + 3 * width / par.tp + model.q_width / par.tp) * ab
+    logits = max_seqs * model.vocab_size / par.tp * 4
+    return max_batched_tokens * per_token + logits + runtime_reserve_gib * GIB
+
+
+def plan_memory(
+    model: ModelConfig,
+    device: DeviceProfile,
+    par: Parallelism,
+    precisions: Precisions,
+    *,
+    memory_utilization: float,
+    block_size: int,
+    max_batched_tokens: int,
+    max_seqs: int,
+    runtime_reserve_gib: float,
+    kv_elements_per_token_per_layer_device: float,
+) -> MemoryPlan:
+    """Weights, reserve and KV capacity; the KV capacity may be zero or negative.
+
+    Callers decide what "does not fit" means (no room for weights, or no room for one
+    prompt's KV) and word the error; see :func:`simulator.engine.build`.
+    """
+    capacity = device.memory_bytes
+    usable = capacity * memory_utilization
+    weights = max(stage_weight_bytes(model, par, precisions.weights))
+    reserve = activation_reserve_bytes(
+        model, par, precisions.activations, max_batched_tokens, max_seqs, runtime_reserve_gib
+    )
+    layers_max = max(_split_layers(model.num_layers, par.pp))
+    kv_per_token = (
+        layers_max * kv_elements_per_token_per_layer_device * bytes_per_element(precisions.kv_cache)
+    )
+    free = usable - weights - reserve
+    tokens = int(free // kv_per_token) if free > 0 else 0
+    tokens = (tokens // block_size) * block_size
+    return MemoryPlan(capacity, usable, weights, reserve, kv_per_token, tokens, block_size)

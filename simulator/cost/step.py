@@ -1,0 +1,276 @@
+"""Time of one engine step of a batch on one instance (a TP x PP x EP group).
+
+Built once per instance: every per-layer operator is reduced to coefficients (FLOPs and
+bytes per token, fixed weight bytes), so pricing a step is a few dozen float operations.
+The equations are in docs/cost_model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from simulator.cost.batch import BatchShape
+from simulator.cost.collectives import allreduce_time, alltoall_time, p2p_time
+from simulator.cost.parallel import Parallelism, Precisions
+from simulator.cost.roofline import op_time
+from simulator.hardware.profiles import DeviceProfile, LinkProfile
+from simulator.models.arch import ModelConfig
+from simulator.units import bytes_per_element, compute_precision
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Seconds of one step, and where they went (summed over pipeline stages)."""
+
+    seconds: float
+    stage_seconds: tuple[float, ...]
+    compute_s: float
+    memory_s: float
+    communication_s: float
+    overhead_s: float
+
+    @property
+    def bound(self) -> str:
+        parts = {
+            "compute": self.compute_s,
+            "memory": self.memory_s,
+            "communication": self.communication_s,
+            "overhead": self.overhead_s,
+        }
+        return max(parts, key=parts.__getitem__)
+
+    @property
+    def slowest_stage_s(self) -> float:
+        return max(self.stage_seconds)
+
+
+@dataclass(slots=True)
+class _Acc:
+    compute: float = 0.0
+    memory: float = 0.0
+    comm: float = 0.0
+    launch: float = 0.0
+
+    def add_op(self, t_compute: float, t_memory: float, t_launch: float, times: float) -> None:
+        if t_compute >= t_memory:
+            self.compute += t_compute * times
+        else:
+            self.memory += t_memory * times
+        self.launch += t_launch * times
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.memory + self.comm + self.launch
+
+
+@dataclass(frozen=True)
+class LinkSet:
+    """The links a step's collectives cross, as placement decided them."""
+
+    tp: LinkProfile | None = None
+    pp: LinkProfile | None = None
+    ep: LinkProfile | None = None
+
+
+@dataclass
+class InstanceCostModel:
+    model: ModelConfig
+    device: DeviceProfile
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    precisions: Precisions = field(default_factory=Precisions)
+    links: LinkSet = field(default_factory=LinkSet)
+    step_overhead_s: float = 0.0
+    """Host-side scheduling, sampling and launch work per step (serving-engine profile)."""
+    per_sequence_overhead_s: float = 0.0
+    """Host time per sequence in the step (bookkeeping, sampling)."""
+    graph_launch_factor: float = 1.0
+    """Share of kernel-launch cost left in decode-only steps that replay CUDA graphs."""
+    moe_imbalance: float = 1.0
+    """Tokens on the busiest expert device relative to a uniform split (>= 1)."""
+
+    def __post_init__(self) -> None:
+        m, par = self.model, self.parallelism
+        if par.pp > m.num_layers:
+            raise ValueError(f"pp ({par.pp}) cannot exceed the model's {m.num_layers} layers")
+        if m.is_moe and m.num_experts % par.ep:
+            raise ValueError(f"ep ({par.ep}) must divide the {m.num_experts} experts")
+        if par.tp > 1 and self.links.tp is None:
+            raise ValueError("tp > 1 needs a TP link")
+        self._wb = bytes_per_element(self.precisions.weights)
+        self._ab = bytes_per_element(self.precisions.activations)
+        self._kvb = bytes_per_element(self.precisions.kv_cache)
+        self._cp = compute_precision(self.precisions.weights, self.precisions.activations)
+        self._stage_layers = _split_layers(m.num_layers, par.pp)
+        self._stage_moe = _stage_moe_layers(m, self._stage_layers)
+
+    # ----- per-device shapes -------------------------------------------------------
+    @property
+    def kv_heads_per_device(self) -> int:
+        return math.ceil(self.model.num_kv_heads / self.parallelism.tp)
+
+    def kv_elements_per_token_per_layer_device(self) -> float:
+        """KV elements one token stores per layer on one TP rank.
+
+        GQA shards KV heads over TP (a rank keeps at least one head, so TP beyond the KV
+        head count replicates). MLA's single latent is replicated on every rank.
+        """
+        m = self.model
+        if m.attention == "mla":
+            return m.kv_elements_per_token_per_layer()
+        return 2 * self.kv_heads_per_device * m.head_dim
+
+    def _attn_weight_params_device(self) -> float:
+        m, t = self.model, self.parallelism.tp
+        if m.attention == "mla":
+            h = m.hidden_size
+            replicated = h * (m.q_lora_rank or 0) + h * (m.kv_lora_rank + m.qk_rope_head_dim)
+            return replicated + (m.attention_params() - replicated) / t
+        q_o = (m.q_width * m.hidden_size + m.attn_out_width * m.hidden_size) / t
+        kv = m.hidden_size * 2 * self.kv_heads_per_device * m.head_dim
+        return q_o + kv
+
+    # ----- the step ------------------------------------------------------------------
+    def step(self, batch: BatchShape) -> StepCost:
+        if batch.is_empty:
+            return StepCost(self.step_overhead_s, (0.0,), 0.0, 0.0, 0.0, self.step_overhead_s)
+        launch_scale = self.graph_launch_factor if batch.prefill_tokens == 0 else 1.0
+        host = self.step_overhead_s + self.per_sequence_overhead_s * (
+            batch.prefill_seqs + batch.decode_seqs)
+        stages: list[float] = []
+        total = _Acc()
+        last = len(self._stage_layers) - 1
+        for index, layers in enumerate(self._stage_layers):
+            acc = _Acc()
+            moe_layers = self._stage_moe[index]
+            self._layers(acc, batch, layers - moe_layers, moe=False)
+            if moe_layers:
+                self._layers(acc, batch, moe_layers, moe=True)
+            if index == last:
+                self._lm_head(acc, batch)
+            if index < last and self.links.pp is not None:
+                acc.comm += p2p_time(batch.tokens * self.model.hidden_size * self._ab,
+                                     self.links.pp)
+            acc.launch *= launch_scale
+            stages.append(acc.total)
+            total.compute += acc.compute
+            total.memory += acc.memory
+            total.comm += acc.comm
+            total.launch += acc.launch
+        seconds = sum(stages) + host
+        return StepCost(
+            seconds,
+            tuple(stages),
+            total.compute,
+            total.memory,
+            total.comm,
+            total.launch + host,
+        )
+
+    def step_seconds(self, batch: BatchShape) -> float:
+        return self.step(batch).seconds
+
+    # ----- operators -----------------------------------------------------------------
+    def _gemm(self, acc: _Acc, tokens: int, params: float, out_width: float,
+              in_width: float, times: float, kernels: int = 1) -> None:
+        if tokens <= 0 or times <= 0:
+            return
+        flops = 2.0 * tokens * params
+        nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
+        t = op_time(self.device, self._cp, flops, nbytes, kernels)
+        acc.add_op(t.compute_s, t.memory_s, t.launch_s, times)
+
+    def _layers(self, acc: _Acc, b: BatchShape, count: int, *, moe: bool) -> None:
+        if count <= 0:
+            return
+        m, par = self.model, self.parallelism
+        t, h, tokens = par.tp, m.hidden_size, b.tokens
+        # Attention projections (QKV + output) as one weight-streaming group of GEMMs.
+        attn_params = self._attn_weight_params_device()
+        self._gemm(acc, tokens, attn_params, m.q_width / t + m.attn_out_width / t,
+                   2 * h, count, kernels=2)
+        self._attention(acc, b, count)
+        if moe:
+            self._moe(acc, b, count)
+        else:
+            ffn_params = m.ffn_params(m.intermediate_size) / t
+            width = m.intermediate_size / t
+            self._gemm(acc, tokens, ffn_params, 2 * width, 2 * h, count, kernels=2)
+        # Norms, residual adds, rotary, activation: bandwidth-bound elementwise kernels.
+        ffn_width = (m.moe_intermediate_size * m.num_experts_per_token if moe
+                     else m.intermediate_size) / t
+        elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
+        e = op_time(self.device, self._cp, 0.0, elem_bytes, kernels=3)
+        acc.add_op(e.compute_s, e.memory_s, e.launch_s, count)
+        if t > 1 and self.links.tp is not None:
+            acc.comm += 2 * allreduce_time(tokens * h * self._ab, t, self.links.tp) * count
+
+    def _attention(self, acc: _Acc, b: BatchShape, count: int) -> None:
+        m, t = self.model, self.parallelism.tp
+        heads = m.num_attention_heads / t
+        kv_elems = self.kv_elements_per_token_per_layer_device()
+        io_width = (m.q_width + m.attn_out_width) / t
+        if b.prefill_tokens:
+            if m.attention == "mla":
+                per_pair = 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+            else:
+                per_pair = 4 * heads * m.head_dim
+            flops = per_pair * b.prefill_attn_pairs
+            nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
+            op = op_time(self.device, self._cp, flops, nbytes)
+            acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
+        if b.decode_seqs:
+            if m.attention == "mla":  # absorbed MLA: scores and values on the latent
+                per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+            else:
+                per_ctx = 4 * heads * m.head_dim
+            flops = per_ctx * b.decode_ctx_tokens
+            nbytes = b.decode_ctx_tokens * kv_elems * self._kvb + b.decode_seqs * io_width * self._ab
+            op = op_time(self.device, self._cp, flops, nbytes)
+            acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
+
+    def _moe(self, acc: _Acc, b: BatchShape, count: int) -> None:
+        m, par = self.model, self.parallelism
+        h, tokens = m.hidden_size, b.tokens
+        expert_params = m.ffn_params(m.moe_intermediate_size) / par.expert_tp
+        experts_here = m.num_experts / par.ep
+        routed = tokens * m.num_experts_per_token
+        # Expected experts hit by at least one token, on the busiest device.
+        p_hit = 1.0 - (1.0 - m.num_experts_per_token / m.num_experts) ** tokens
+        touched = experts_here * p_hit
+        tokens_here = routed / par.ep * self.moe_imbalance
+        width = m.moe_intermediate_size / par.expert_tp
+        flops = 2.0 * tokens_here * expert_params
+        nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
+        op = op_time(self.device, self._cp, flops, nbytes, kernels=2)
+        acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
+        # Router GEMM and shared experts are dense, TP-sharded.
+        shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
+        router = h * m.num_experts
+        self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1)
+        if par.ep > 1 and self.links.ep is not None:
+            # Dispatch and combine: each rank sends its share of routed token copies.
+            per_rank = routed / par.ep * h * self._ab
+            acc.comm += 2 * alltoall_time(per_rank, par.ep, self.links.ep) * count
+
+    def _lm_head(self, acc: _Acc, b: BatchShape) -> None:
+        m, t = self.model, self.parallelism.tp
+        if b.logits_seqs <= 0:
+            return
+        params = m.vocab_size * m.hidden_size / t
+        self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1)
+
+
+def _split_layers(layers: int, pp: int) -> list[int]:
+    base, extra = divmod(layers, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def _stage_moe_layers(model: ModelConfig, stage_layers: list[int]) -> list[int]:
+    out, start = [], 0
+    for n in stage_layers:
+        end = start + n
+        dense = max(0, min(end, model.first_dense_layers) - start) if model.is_moe else n
+        out.append(n - dense)
+        start = end
+    return out

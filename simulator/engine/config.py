@@ -1,0 +1,175 @@
+"""Declarative settings of the engine's parts (workload, scheduler, router).
+
+These are the YAML sections a scenario composes; they live here, beside the code that
+reads them, so the engine depends on nothing above it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----- arrival processes -------------------------------------------------------------
+class PoissonArrival(Spec):
+    kind: Literal["poisson"] = "poisson"
+    rate_per_s: float = Field(gt=0, description="Mean requests per second.")
+
+
+class GammaArrival(Spec):
+    kind: Literal["gamma"] = "gamma"
+    rate_per_s: float = Field(gt=0, description="Mean requests per second.")
+    cv: float = Field(gt=0, description="Coefficient of variation of inter-arrival times "
+                                        "(1 = Poisson, >1 bursty).")
+
+
+class ConstantArrival(Spec):
+    kind: Literal["constant"] = "constant"
+    rate_per_s: float = Field(gt=0, description="Requests per second, evenly spaced.")
+
+
+class OnOffArrival(Spec):
+    kind: Literal["on_off"] = "on_off"
+    on_rate_per_s: float = Field(gt=0, description="Poisson rate during ON periods.")
+    off_rate_per_s: float = Field(0.0, ge=0, description="Poisson rate during OFF periods.")
+    on_s: float = Field(gt=0, description="Length of an ON period, seconds.")
+    off_s: float = Field(gt=0, description="Length of an OFF period, seconds.")
+
+
+class ClosedLoop(Spec):
+    kind: Literal["closed_loop"] = "closed_loop"
+    concurrency: int = Field(gt=0, description="Clients, each with one request in flight "
+                                               "(`vllm bench serve --max-concurrency`).")
+    think_time_s: float = Field(0.0, ge=0, description="Pause between a reply and the next request.")
+
+
+class AllAtOnce(Spec):
+    kind: Literal["all_at_once"] = "all_at_once"
+
+
+class TraceArrival(Spec):
+    kind: Literal["trace"] = "trace"
+    path: str = Field(description="CSV in the Azure LLM trace format (TIMESTAMP, "
+                                  "ContextTokens, GeneratedTokens) or Mooncake JSONL; "
+                                  "relative paths are resolved against the scenario file.")
+    time_scale: float = Field(1.0, gt=0, description="Multiply inter-arrival gaps by this "
+                                                     "(0.5 = twice the rate).")
+    start_s: float = Field(0.0, ge=0, description="Skip the trace's first seconds.")
+
+
+Arrival = Annotated[
+    PoissonArrival | GammaArrival | ConstantArrival | OnOffArrival | ClosedLoop | AllAtOnce
+    | TraceArrival,
+    Field(discriminator="kind"),
+]
+
+
+# ----- length distributions ----------------------------------------------------------
+class FixedLength(Spec):
+    kind: Literal["fixed"] = "fixed"
+    tokens: int = Field(gt=0, description="Every request has this many tokens.")
+
+
+class UniformLength(Spec):
+    kind: Literal["uniform"] = "uniform"
+    min_tokens: int = Field(gt=0, description="Smallest length (inclusive).")
+    max_tokens: int = Field(gt=0, description="Largest length (inclusive).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformLength:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
+        return self
+
+
+class LognormalLength(Spec):
+    kind: Literal["lognormal"] = "lognormal"
+    mean_tokens: float = Field(gt=0, description="Mean length.")
+    cv: float = Field(gt=0, description="Coefficient of variation (std / mean).")
+    min_tokens: int = Field(1, gt=0, description="Lengths are clipped to at least this.")
+    max_tokens: int = Field(131072, gt=0, description="Lengths are clipped to at most this.")
+
+
+class EmpiricalLength(Spec):
+    kind: Literal["empirical"] = "empirical"
+    values: list[int] = Field(min_length=1, description="Lengths to sample from.")
+    weights: list[float] | None = Field(None, description="Relative weights (default equal).")
+
+    @model_validator(mode="after")
+    def _weights(self) -> EmpiricalLength:
+        if any(v <= 0 for v in self.values):
+            raise ValueError("values must all be > 0")
+        if self.weights is not None:
+            if len(self.weights) != len(self.values):
+                raise ValueError("weights must have one entry per value")
+            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise ValueError("weights must be >= 0 with a positive sum")
+        return self
+
+
+Length = Annotated[
+    FixedLength | UniformLength | LognormalLength | EmpiricalLength, Field(discriminator="kind")
+]
+
+
+class SharedPrefix(Spec):
+    """A synthetic shared prefix (system prompt) on a fraction of requests."""
+
+    tokens: int = Field(gt=0, description="Length of the shared prefix.")
+    groups: int = Field(1, gt=0, description="Distinct prefixes; requests pick one uniformly.")
+    fraction: float = Field(1.0, ge=0, le=1, description="Share of requests that carry one.")
+
+
+class WorkloadSpec(Spec):
+    arrival: Arrival = Field(description="How requests arrive.")
+    input_tokens: Length | None = Field(None, description="Prompt lengths (not for traces).")
+    output_tokens: Length | None = Field(None, description="Output lengths (not for traces).")
+    num_requests: int | None = Field(None, gt=0, description="Stop after this many requests.")
+    duration_s: float | None = Field(None, gt=0, description="Stop issuing after this time.")
+    shared_prefix: SharedPrefix | None = Field(None, description="Optional shared prefixes.")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> WorkloadSpec:
+        is_trace = self.arrival.kind == "trace"
+        if not is_trace and (self.input_tokens is None or self.output_tokens is None):
+            raise ValueError("input_tokens and output_tokens are required unless arrival is a trace")
+        if not is_trace and self.num_requests is None and self.duration_s is None:
+            raise ValueError("bound the workload with num_requests or duration_s")
+        if self.arrival.kind in {"all_at_once", "closed_loop"} and self.num_requests is None:
+            raise ValueError(f"a {self.arrival.kind} workload needs num_requests")
+        return self
+
+
+# ----- scheduler ---------------------------------------------------------------------
+class SchedulerSpec(Spec):
+    """vLLM-style continuous batching of one instance."""
+
+    max_num_seqs: int = Field(256, gt=0, description="Most sequences in one step's batch.")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="Most tokens in one step.")
+    chunked_prefill: bool = Field(True, description="Split long prompts over steps and mix "
+                                                    "them with decodes (decode-first). Off: "
+                                                    "prefill-first, prefill and decode never mix.")
+    block_size: int | None = Field(None, gt=0, description="KV block size in tokens "
+                                                           "(default: the serving engine's).")
+    memory_utilization: float | None = Field(None, gt=0, le=1, description=(
+        "Fraction of device memory the engine may use (default: the serving engine's)."))
+    preemption: Literal["recompute"] = Field("recompute", description=(
+        "What happens to a sequence evicted for lack of KV: its KV is dropped and it is "
+        "prefilled again."))
+
+
+RoutingPolicy = Literal[
+    "round_robin", "least_outstanding", "least_tokens", "power_of_two", "least_kv", "random"
+]
+
+
+class RouterSpec(Spec):
+    policy: RoutingPolicy = Field("least_outstanding", description=(
+        "How a new request picks a colocated or prefill instance."))
+    decode_policy: RoutingPolicy = Field("least_kv", description=(
+        "How a prefilled request picks a decode instance (disaggregated clusters)."))

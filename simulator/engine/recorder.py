@@ -1,0 +1,125 @@
+"""Plain, compact records of a run, turned into DataFrames once at the end."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine.request import Request
+
+STEP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("instance", "l"),
+    ("start_s", "d"),
+    ("duration_s", "d"),
+    ("prefill_tokens", "l"),
+    ("prefill_seqs", "l"),
+    ("decode_seqs", "l"),
+    ("decode_ctx_tokens", "l"),
+    ("kv_used_blocks", "l"),
+    ("kv_total_blocks", "l"),
+    ("queue_len", "l"),
+    ("running", "l"),
+    ("bound", "b"),
+    ("steps", "l"),
+)
+BOUNDS = ("compute", "memory", "communication", "overhead")
+_BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
+
+TRANSFER_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("request_id", "l"),
+    ("source", "l"),
+    ("destination", "l"),
+    ("link", "l"),
+    ("bytes", "d"),
+    ("start_s", "d"),
+    ("end_s", "d"),
+    ("exposed_s", "d"),
+)
+
+
+class Recorder:
+    """Column arrays for steps and transfers; requests are kept as objects."""
+
+    def __init__(self) -> None:
+        self.steps = {name: array(code) for name, code in STEP_COLUMNS}
+        self.transfers = {name: array(code) for name, code in TRANSFER_COLUMNS}
+        self.requests: list[Request] = []
+        self.events: list[tuple[float, str, str]] = []
+
+    def step(self, instance: int, start_s: float, duration_s: float, prefill_tokens: int,
+             prefill_seqs: int, decode_seqs: int, decode_ctx_tokens: int, kv_used: int,
+             kv_total: int, queue_len: int, running: int, bound: str, steps: int = 1) -> None:
+        s = self.steps
+        s["instance"].append(instance)
+        s["start_s"].append(start_s)
+        s["duration_s"].append(duration_s)
+        s["prefill_tokens"].append(prefill_tokens)
+        s["prefill_seqs"].append(prefill_seqs)
+        s["decode_seqs"].append(decode_seqs)
+        s["decode_ctx_tokens"].append(decode_ctx_tokens)
+        s["kv_used_blocks"].append(kv_used)
+        s["kv_total_blocks"].append(kv_total)
+        s["queue_len"].append(queue_len)
+        s["running"].append(running)
+        s["bound"].append(_BOUND_CODE[bound])
+        s["steps"].append(steps)
+
+    def transfer(self, request_id: int, source: int, destination: int, link: int,
+                 nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
+        t = self.transfers
+        t["request_id"].append(request_id)
+        t["source"].append(source)
+        t["destination"].append(destination)
+        t["link"].append(link)
+        t["bytes"].append(nbytes)
+        t["start_s"].append(start_s)
+        t["end_s"].append(end_s)
+        t["exposed_s"].append(exposed_s)
+
+    def event(self, time_s: float, kind: str, detail: str) -> None:
+        self.events.append((time_s, kind, detail))
+
+    # ----- frames ----------------------------------------------------------------------
+    def steps_frame(self, instance_names: list[str], pool_names: list[str]) -> pd.DataFrame:
+        cols: dict[str, Any] = {k: np.frombuffer(v, dtype=v.typecode) if len(v) else
+                                np.array([], dtype=v.typecode) for k, v in self.steps.items()}
+        df = pd.DataFrame(cols)
+        df["bound"] = pd.Categorical.from_codes(df["bound"].astype(int), categories=list(BOUNDS))
+        idx = df["instance"].to_numpy()
+        df.insert(1, "instance_name", np.asarray(instance_names, dtype=object)[idx]
+                  if len(idx) else np.array([], dtype=object))
+        df.insert(2, "pool", np.asarray(pool_names, dtype=object)[idx]
+                  if len(idx) else np.array([], dtype=object))
+        df["end_s"] = df["start_s"] + df["duration_s"]
+        return df
+
+    def transfers_frame(self, instance_names: list[str], link_names: list[str]) -> pd.DataFrame:
+        cols = {k: np.frombuffer(v, dtype=v.typecode) if len(v) else
+                np.array([], dtype=v.typecode) for k, v in self.transfers.items()}
+        df = pd.DataFrame(cols)
+        names = np.asarray(instance_names, dtype=object)
+        df["source_name"] = names[df["source"].to_numpy()] if len(df) else []
+        df["destination_name"] = names[df["destination"].to_numpy()] if len(df) else []
+        df["link_name"] = (np.asarray(link_names, dtype=object)[df["link"].to_numpy()]
+                           if len(df) else [])
+        df["duration_s"] = df["end_s"] - df["start_s"]
+        return df
+
+    def requests_frame(self, instance_names: list[str]) -> pd.DataFrame:
+        reqs = self.requests
+        fields = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
+                  "prefix_tokens", "prefill_start_s", "prefill_end_s", "first_token_s",
+                  "transfer_wait_s", "transfer_start_s", "transfer_end_s", "decode_admit_s",
+                  "decode_start_s", "completion_s", "preemptions", "prefill_instance",
+                  "decode_instance", "status", "reason")
+        data = {f: [getattr(r, f) for r in reqs] for f in fields}
+        df = pd.DataFrame(data)
+        df = df.rename(columns={"id": "request_id", "generated": "generated_tokens"})
+        names = np.asarray([*instance_names, ""], dtype=object)
+        df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
+        df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []
+        df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+        return df

@@ -1,0 +1,89 @@
+"""Routing policies: plain functions that pick one instance for a request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from simulator.engine.request import Request
+
+
+class Routable(Protocol):
+    index: int
+
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def kv_load(self) -> float: ...
+
+    queued_tokens: int
+
+
+class RouterState:
+    """Per-run mutable routing state (round-robin cursors, the RNG)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.cursor: dict[str, int] = {}
+
+
+Policy = Callable[[Sequence[Routable], Request, RouterState, str], Routable]
+
+
+def round_robin(candidates: Sequence[Routable], _req: Request, state: RouterState,
+                key: str) -> Routable:
+    i = state.cursor.get(key, 0)
+    state.cursor[key] = i + 1
+    return candidates[i % len(candidates)]
+
+
+def least_outstanding(candidates: Sequence[Routable], _req: Request, _s: RouterState,
+                      _k: str) -> Routable:
+    return min(candidates, key=lambda c: (c.outstanding, c.index))
+
+
+def least_tokens(candidates: Sequence[Routable], _req: Request, _s: RouterState,
+                 _k: str) -> Routable:
+    return min(candidates, key=lambda c: (c.queued_tokens, c.outstanding, c.index))
+
+
+def least_kv(candidates: Sequence[Routable], _req: Request, _s: RouterState,
+             _k: str) -> Routable:
+    return min(candidates, key=lambda c: (c.kv_load, c.outstanding, c.index))
+
+
+def power_of_two(candidates: Sequence[Routable], _req: Request, state: RouterState,
+                 _k: str) -> Routable:
+    if len(candidates) == 1:
+        return candidates[0]
+    a, b = state.rng.choice(len(candidates), size=2, replace=False)
+    ca, cb = candidates[int(a)], candidates[int(b)]
+    return ca if (ca.outstanding, ca.index) <= (cb.outstanding, cb.index) else cb
+
+
+def random_choice(candidates: Sequence[Routable], _req: Request, state: RouterState,
+                  _k: str) -> Routable:
+    return candidates[int(state.rng.integers(len(candidates)))]
+
+
+POLICIES: dict[str, Policy] = {}
+
+
+def register(name: str, policy: Policy) -> None:
+    if name in POLICIES:
+        raise ValueError(f"routing policy {name!r} is already registered")
+    POLICIES[name] = policy
+
+
+for _name, _policy in (
+    ("round_robin", round_robin),
+    ("least_outstanding", least_outstanding),
+    ("least_tokens", least_tokens),
+    ("least_kv", least_kv),
+    ("power_of_two", power_of_two),
+    ("random", random_choice),
+):
+    register(_name, _policy)

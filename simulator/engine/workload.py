@@ -1,0 +1,267 @@
+"""Request sources: open-loop arrival processes, closed loop, offline, and trace replay."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from simulator.engine.config import (
+    EmpiricalLength,
+    FixedLength,
+    Length,
+    LognormalLength,
+    UniformLength,
+    WorkloadSpec,
+)
+from simulator.engine.request import Request
+from simulator.errors import ConfigError
+
+_CHUNK = 4096
+
+
+def sample_lengths(spec: Length, rng: np.random.Generator, n: int) -> np.ndarray:
+    if isinstance(spec, FixedLength):
+        return np.full(n, spec.tokens, dtype=np.int64)
+    if isinstance(spec, UniformLength):
+        return rng.integers(spec.min_tokens, spec.max_tokens + 1, size=n, dtype=np.int64)
+    if isinstance(spec, LognormalLength):
+        sigma2 = np.log1p(spec.cv**2)
+        mu = np.log(spec.mean_tokens) - sigma2 / 2
+        raw = rng.lognormal(mu, np.sqrt(sigma2), size=n)
+        return np.clip(np.rint(raw), spec.min_tokens, spec.max_tokens).astype(np.int64)
+    if isinstance(spec, EmpiricalLength):
+        values = np.asarray(spec.values, dtype=np.int64)
+        p = None
+        if spec.weights is not None:
+            w = np.asarray(spec.weights, dtype=float)
+            p = w / w.sum()
+        return rng.choice(values, size=n, p=p)
+    raise TypeError(f"unknown length spec {spec!r}")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Arrival times (s, from 0), prompt and output lengths, optional prefix block ids."""
+
+    times_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    block_hashes: list[list[int]] | None = None
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read an Azure LLM trace CSV or a Mooncake JSONL trace."""
+    path = Path(path)
+    file = str(path)
+    if not path.is_file():
+        raise ConfigError("trace file not found", file=file)
+    if path.suffix == ".jsonl":
+        times, ins, outs, hashes = [], [], [], []
+        try:
+            with path.open(encoding="utf-8") as fh:
+                for line_no, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    rec = json.loads(line)
+                    times.append(float(rec["timestamp"]) / 1000.0)
+                    ins.append(int(rec["input_length"]))
+                    outs.append(int(rec["output_length"]))
+                    hashes.append([int(h) for h in rec.get("hash_ids", [])])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"bad Mooncake trace line {line_no}: {exc}", file=file) from None
+        t = np.asarray(times)
+        return Trace(t - t.min() if len(t) else t, np.asarray(ins, dtype=np.int64),
+                     np.asarray(outs, dtype=np.int64), hashes)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+        raise ConfigError(f"cannot parse trace CSV: {exc}", file=file) from None
+    need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+    if not need <= set(df.columns):
+        raise ConfigError(
+            f"trace CSV needs columns {sorted(need)}, found {list(df.columns)}", file=file
+        )
+    try:
+        stamps = pd.to_datetime(df["TIMESTAMP"], format="mixed")
+        times = (stamps - stamps.min()).dt.total_seconds().to_numpy()
+    except (ValueError, TypeError):
+        times = pd.to_numeric(df["TIMESTAMP"], errors="raise").to_numpy(dtype=float)
+        times = times - times.min()
+    order = np.argsort(times, kind="stable")
+    ins = df["ContextTokens"].to_numpy(dtype=np.int64)[order]
+    outs = df["GeneratedTokens"].to_numpy(dtype=np.int64)[order]
+    return Trace(times[order], np.maximum(ins, 1), np.maximum(outs, 1))
+
+
+class Workload:
+    """Issues requests into the cluster through ``submit``."""
+
+    def __init__(self, env: simpy.Environment, spec: WorkloadSpec,
+                 rngs: dict[str, np.random.Generator], submit: Callable[[Request], None],
+                 base_dir: Path | None = None, max_prompt_tokens: int | None = None) -> None:
+        self.env = env
+        self.spec = spec
+        self.rngs = rngs
+        self.submit = submit
+        self.base_dir = base_dir or Path.cwd()
+        self.max_prompt_tokens = max_prompt_tokens
+        self.issued = 0
+        self.trace: Trace | None = None
+        if spec.arrival.kind == "trace":
+            path = Path(spec.arrival.path)
+            if not path.is_absolute():
+                path = self.base_dir / path
+            self.trace = load_trace(path)
+        self._closed_left = 0
+        self._lengths = self._length_iter()
+
+    # ----- lengths --------------------------------------------------------------------
+    def _length_iter(self) -> Iterator[tuple[int, int, int, int]]:
+        spec = self.spec
+        prefix = spec.shared_prefix
+        while True:
+            n = _CHUNK
+            ins = sample_lengths(spec.input_tokens, self.rngs["input"], n)  # type: ignore[arg-type]
+            outs = sample_lengths(spec.output_tokens, self.rngs["output"], n)  # type: ignore[arg-type]
+            if prefix is not None:
+                rng = self.rngs["prefix"]
+                has = rng.random(n) < prefix.fraction
+                group = np.where(has, rng.integers(0, prefix.groups, size=n), -1)
+            else:
+                group = np.full(n, -1)
+            for i in range(n):
+                p_tokens = 0
+                prompt = int(ins[i])
+                if group[i] >= 0:
+                    p_tokens = prefix.tokens  # type: ignore[union-attr]
+                    prompt += p_tokens
+                yield prompt, int(outs[i]), int(group[i]), p_tokens
+
+    def _make(self, t: float, prompt: int, output: int, group: int = -1,
+              prefix_tokens: int = 0) -> Request:
+        req = Request(self.issued, t, prompt, output, group, prefix_tokens)
+        self.issued += 1
+        return req
+
+    # ----- processes ----------------------------------------------------------------
+    def start(self) -> None:
+        kind = self.spec.arrival.kind
+        if kind == "closed_loop":
+            self._start_closed_loop()
+        else:
+            self.env.process(self._open_loop())
+
+    def _gaps(self) -> Iterator[float]:
+        a = self.spec.arrival
+        rng = self.rngs["arrival"]
+        if a.kind == "all_at_once":
+            while True:
+                yield 0.0
+        if a.kind == "constant":
+            while True:
+                yield 1.0 / a.rate_per_s
+        if a.kind == "poisson":
+            while True:
+                yield from rng.exponential(1.0 / a.rate_per_s, size=_CHUNK).tolist()
+        if a.kind == "gamma":
+            shape = 1.0 / a.cv**2
+            scale = 1.0 / (a.rate_per_s * shape)
+            while True:
+                yield from rng.gamma(shape, scale, size=_CHUNK).tolist()
+        if a.kind == "on_off":
+            yield from self._on_off_gaps(rng)
+        raise ValueError(f"no gap generator for {a.kind}")
+
+    def _on_off_gaps(self, rng: np.random.Generator) -> Iterator[float]:
+        a = self.spec.arrival
+        period = a.on_s + a.off_s
+        t = last = 0.0
+        while True:
+            in_on = (t % period) < a.on_s
+            rate = a.on_rate_per_s if in_on else a.off_rate_per_s
+            window_end = (t // period) * period + (a.on_s if in_on else period)
+            if rate <= 0:
+                t = window_end
+                continue
+            nxt = t + rng.exponential(1.0 / rate)
+            if nxt >= window_end:  # memoryless: restart at the window boundary
+                t = window_end
+                continue
+            t = nxt
+            yield t - last
+            last = t
+
+    def _open_loop(self) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        limit = self.spec.num_requests
+        horizon = self.spec.duration_s
+        if self.trace is not None:
+            yield from self._replay(limit, horizon)
+            return
+        t = 0.0
+        for gap in self._gaps():
+            if limit is not None and self.issued >= limit:
+                return
+            t += gap
+            if horizon is not None and t > horizon:
+                return
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            prompt, output, group, p_tokens = next(self._lengths)
+            self.submit(self._make(env.now, prompt, output, group, p_tokens))
+
+    def _replay(self, limit: int | None, horizon: float | None) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        tr = self.trace
+        assert tr is not None
+        a = self.spec.arrival
+        mask = tr.times_s >= a.start_s
+        times = (tr.times_s[mask] - a.start_s) * a.time_scale
+        ins, outs = tr.input_tokens[mask], tr.output_tokens[mask]
+        hashes = [h for h, m in zip(tr.block_hashes, mask, strict=True) if m] if tr.block_hashes else None
+        for i in range(len(times)):
+            if limit is not None and self.issued >= limit:
+                return
+            t = float(times[i])
+            if horizon is not None and t > horizon:
+                return
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            req = self._make(env.now, int(ins[i]), int(outs[i]))
+            if hashes is not None:
+                req.block_hashes = hashes[i]
+            self.submit(req)
+
+    # ----- closed loop -----------------------------------------------------------------
+    def _start_closed_loop(self) -> None:
+        a = self.spec.arrival
+        total = self.spec.num_requests or 0
+        first = min(a.concurrency, total)
+        self._closed_left = total - first
+        for _ in range(first):
+            prompt, output, group, p_tokens = next(self._lengths)
+            self.submit(self._make(self.env.now, prompt, output, group, p_tokens))
+
+    def on_finished(self, _req: Request) -> None:
+        """A request ended (completed or failed): a closed-loop client sends the next one."""
+        if self.spec.arrival.kind != "closed_loop" or self._closed_left <= 0:
+            return
+        self._closed_left -= 1
+        think = self.spec.arrival.think_time_s
+        if think > 0:
+            self.env.process(self._after(think))
+        else:
+            prompt, output, group, p_tokens = next(self._lengths)
+            self.submit(self._make(self.env.now, prompt, output, group, p_tokens))
+
+    def _after(self, delay: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(delay)
+        prompt, output, group, p_tokens = next(self._lengths)
+        self.submit(self._make(self.env.now, prompt, output, group, p_tokens))

@@ -1,0 +1,53 @@
+"""Errors a user can act on, and the CLI exit codes that go with them.
+
+Every error raised for bad input carries the file, the key path inside it and what is
+allowed, so the CLI can print one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_SIM_FAILURE = 1
+EXIT_BAD_INPUT = 2
+
+
+class SimulatorError(Exception):
+    """Base class of every error the simulator raises on purpose."""
+
+    exit_code = EXIT_SIM_FAILURE
+
+
+class ConfigError(SimulatorError):
+    """A scenario, sweep, profile or data file is wrong.
+
+    ``file`` is the offending file (or ``None`` for objects built in code), ``key`` the
+    dotted key path inside it, ``message`` what is wrong and what is allowed.
+    """
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None):
+        self.file = file
+        self.key = key
+        self.message = message
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        where = self.file or "<in code>"
+        if self.key:
+            where = f"{where}: {self.key}"
+        return f"{where}: {self.message}"
+
+    def with_file(self, file: str) -> ConfigError:
+        """The same error, attributed to ``file`` when it had no file yet."""
+        if self.file is not None:
+            return self
+        return ConfigError(self.message, file=file, key=self.key)
+
+
+class MemoryFitError(ConfigError):
+    """A model (or its KV cache) does not fit the devices it was given."""
+
+
+class SimulationError(SimulatorError):
+    """The simulation itself failed (a bug, or a state the model cannot represent)."""

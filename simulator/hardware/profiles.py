@@ -1,0 +1,174 @@
+"""Device and link profiles: the physical figures the cost model reads.
+
+Profiles are YAML files in ``hardware_profiles/devices`` and ``hardware_profiles/links``.
+Every profile carries ``source:`` so a number can be traced to a datasheet or measurement.
+An SRAM-only accelerator (Groq LPU) is a device whose ``memory_kind`` is ``sram``: its
+"memory" is on-chip SRAM and nothing else in the simulator treats it specially.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.units import Precision
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EfficiencyCurve(_Frozen):
+    """Shape-dependent efficiency ``eta(w) = eta_max * w / (w + w_half)``.
+
+    ``w`` is the operator's work (FLOPs for compute, bytes for memory). A small GEMM
+    cannot fill the machine; the curve rises smoothly to ``eta_max`` for large work.
+    Two parameters per curve, fitted on kernel measurements, never on test points.
+    """
+
+    eta_max: float = Field(gt=0, le=1, description="Efficiency reached by large operators.")
+    half_work: float = Field(
+        ge=0, description="Work (FLOPs or bytes) at which efficiency is half of eta_max."
+    )
+
+    def at(self, work: float) -> float:
+        if self.half_work == 0:
+            return self.eta_max
+        return self.eta_max * work / (work + self.half_work)
+
+
+class Efficiency(_Frozen):
+    """Fraction of the datasheet peak that real kernels reach on this device."""
+
+    compute: float = Field(gt=0, le=1, description="Large-GEMM fraction of peak FLOP/s.")
+    memory: float = Field(gt=0, le=1, description="Streaming fraction of peak memory bandwidth.")
+    compute_curve: EfficiencyCurve | None = Field(
+        None, description="Optional shape-dependent compute efficiency; overrides `compute`."
+    )
+    memory_curve: EfficiencyCurve | None = Field(
+        None, description="Optional shape-dependent memory efficiency; overrides `memory`."
+    )
+    calibrated_on: str = Field(description="The kernel-level data these factors came from.")
+
+    def eta_compute(self, flops: float) -> float:
+        return self.compute_curve.at(flops) if self.compute_curve else self.compute
+
+    def eta_memory(self, nbytes: float) -> float:
+        return self.memory_curve.at(nbytes) if self.memory_curve else self.memory
+
+
+class Price(_Frozen):
+    usd_per_hour: float = Field(ge=0, description="Price of one device for one hour, USD.")
+    date: str = Field(description="When the price was quoted (YYYY-MM or YYYY-MM-DD).")
+    source: str = Field(description="Where the price comes from.")
+
+
+class Power(_Frozen):
+    tdp_w: float = Field(gt=0, description="Thermal design power of one device, watts.")
+    idle_w: float | None = Field(None, ge=0, description="Idle draw of one device, watts.")
+    source: str = Field(description="Where the power figures come from.")
+
+
+class DeviceProfile(_Frozen):
+    """One accelerator: rates, memory, efficiency, links, power and price."""
+
+    name: str = Field(description="Profile name used in scenarios, e.g. `H100-SXM`.")
+    vendor: str = Field(description="Maker of the device.")
+    memory_kind: Literal["hbm", "gddr", "sram"] = Field(
+        description="What holds weights and KV: off-chip HBM/GDDR, or on-chip SRAM only."
+    )
+    peak_tflops: dict[Precision, float] = Field(
+        description="Dense (non-sparse) peak tensor rate per precision, TFLOP/s (TOP/s for int)."
+    )
+    memory_capacity_gb: float = Field(gt=0, description="Memory per device, GB (1e9 bytes).")
+    memory_bandwidth_gb_per_s: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
+    l2_cache_mb: float | None = Field(None, ge=0, description="Last-level cache, MB.")
+    kernel_launch_us: float = Field(
+        ge=0, description="Fixed cost per kernel (launch + tail), microseconds."
+    )
+    efficiency: Efficiency = Field(description="Achievable fractions of the peaks.")
+    scale_up_link: str | None = Field(
+        None, description="Link profile between devices of one scale-up domain (NVLink, C2C)."
+    )
+    scale_up_domain: int = Field(
+        1, ge=1, description="Devices in one scale-up domain (8 for HGX, 72 for NVL72)."
+    )
+    scale_out_link: str | None = Field(
+        None, description="Link profile to devices in other domains (InfiniBand, RoCE)."
+    )
+    host_link: str | None = Field(None, description="Link profile to host memory (PCIe).")
+    devices_per_node: int = Field(8, ge=1, description="Devices in one server/node.")
+    power: Power | None = Field(None, description="Power figures, if known.")
+    price: Price | None = Field(None, description="Dated rental price, if known.")
+    notes: str | None = Field(None, description="Caveats: uncertain figures, assumptions.")
+    source: list[str] = Field(min_length=1, description="Citations for the figures above.")
+
+    @model_validator(mode="after")
+    def _has_a_rate(self) -> DeviceProfile:
+        if not self.peak_tflops:
+            raise ValueError("peak_tflops must list at least one precision")
+        for precision, rate in self.peak_tflops.items():
+            if rate <= 0:
+                raise ValueError(f"peak_tflops.{precision} must be > 0, got {rate}")
+        return self
+
+    def peak_flops(self, precision: str) -> float:
+        """Peak FLOP/s at ``precision``; a missing low precision falls back to a wider one."""
+        for candidate in _FALLBACK[precision]:
+            if candidate in self.peak_tflops:
+                return self.peak_tflops[candidate] * 1e12  # type: ignore[index]
+        raise KeyError(f"device {self.name} has no rate for {precision}")
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_capacity_gb * 1e9
+
+    @property
+    def memory_bandwidth(self) -> float:
+        return self.memory_bandwidth_gb_per_s * 1e9
+
+
+# A device without fp8 tensor cores runs fp8 work at its 16-bit rate (after dequantising).
+_FALLBACK: dict[str, tuple[str, ...]] = {
+    "fp32": ("fp32", "bf16", "fp16"),
+    "bf16": ("bf16", "fp16"),
+    "fp16": ("fp16", "bf16"),
+    "fp8": ("fp8", "int8", "bf16", "fp16"),
+    "int8": ("int8", "fp8", "bf16", "fp16"),
+    "fp4": ("fp4", "fp8", "int8", "bf16", "fp16"),
+    "int4": ("int4", "int8", "fp8", "bf16", "fp16"),
+}
+
+
+class LinkProfile(_Frozen):
+    """A point-to-point or switched link: NVLink, PCIe, InfiniBand, RoCE, LPU C2C."""
+
+    name: str = Field(description="Profile name used in scenarios, e.g. `nvlink4`.")
+    kind: Literal["nvlink", "pcie", "infiniband", "roce", "ethernet", "c2c", "ideal"] = Field(
+        description="Family of the link."
+    )
+    bandwidth_gb_per_s: float = Field(
+        ge=0, description="Line rate per direction per device/port, GB/s (0 only for `ideal`)."
+    )
+    efficiency: float = Field(
+        gt=0, le=1, description="Fraction of line rate that large transfers reach."
+    )
+    latency_us: float = Field(ge=0, description="One-way latency of a hop, microseconds.")
+    per_transfer_overhead_us: float = Field(
+        0.0, ge=0, description="Fixed set-up cost of one transfer (registration, handshake), us."
+    )
+    collective_base_us: float = Field(
+        0.0, ge=0, description="Fixed cost of one collective call on this link, microseconds."
+    )
+    collective_hop_us: float = Field(
+        0.0, ge=0, description="Latency per ring/tree step of a collective, microseconds."
+    )
+    source: list[str] = Field(min_length=1, description="Citations for the figures above.")
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """Achievable bytes per second per direction (infinite for an ideal link)."""
+        if self.kind == "ideal" or self.bandwidth_gb_per_s == 0:
+            return float("inf")
+        return self.bandwidth_gb_per_s * 1e9 * self.efficiency

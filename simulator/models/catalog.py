@@ -1,0 +1,167 @@
+"""Built-in model catalog, and loading of a Hugging Face ``config.json``.
+
+Shapes are taken from the models' published configurations (cited per entry); parameter
+counts and KV sizes are derived by :class:`ModelConfig`, and tests compare them with the
+published totals.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from simulator.config_io import validation_to_config_error
+from simulator.errors import ConfigError
+from simulator.models.arch import ModelConfig
+
+_LLAMA_SRC = "meta-llama/llama-models:models/sku_list.py@364ed4e; HF config.json"
+_VIDUR_SRC = "microsoft/vidur:vidur/config/model_config.py; HF config.json"
+_OPT_SRC = "Zhang et al., OPT: Open Pre-trained Transformer Language Models (2022), Table 1"
+
+_ENTRIES: list[dict[str, Any]] = [
+    dict(name="Llama-2-7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+         num_kv_heads=32, head_dim=128, intermediate_size=11008, vocab_size=32000,
+         max_context_tokens=4096, source=_VIDUR_SRC),
+    dict(name="Llama-2-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+         num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=32000,
+         max_context_tokens=4096, source=_VIDUR_SRC),
+    dict(name="Llama-3.1-8B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+         num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
+         max_context_tokens=131072, source=_LLAMA_SRC),
+    dict(name="Llama-3.1-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+         num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
+         max_context_tokens=131072, source=_LLAMA_SRC),
+    dict(name="Llama-3.1-405B", num_layers=126, hidden_size=16384, num_attention_heads=128,
+         num_kv_heads=8, head_dim=128, intermediate_size=53248, vocab_size=128256,
+         max_context_tokens=131072, source=_LLAMA_SRC),
+    dict(name="Mixtral-8x7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+         num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32000,
+         max_context_tokens=32768, num_experts=8, num_experts_per_token=2,
+         moe_intermediate_size=14336,
+         source="Mixtral of Experts, arXiv 2401.04088 Table 1; HF config.json"),
+    dict(name="Qwen2.5-72B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+         num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
+         max_context_tokens=131072, qkv_bias=True,
+         source="HF Qwen/Qwen2.5-72B config.json; Qwen2.5 report arXiv 2412.15115"),
+    dict(name="Qwen3-235B-A22B", num_layers=94, hidden_size=4096, num_attention_heads=64,
+         num_kv_heads=4, head_dim=128, intermediate_size=12288, vocab_size=151936,
+         max_context_tokens=40960, qk_norm=True, num_experts=128, num_experts_per_token=8,
+         moe_intermediate_size=1536, source="HF Qwen/Qwen3-235B-A22B config.json"),
+    dict(name="DeepSeek-V3", num_layers=61, hidden_size=7168, num_attention_heads=128,
+         num_kv_heads=128, head_dim=128, intermediate_size=18432, vocab_size=129280,
+         max_context_tokens=131072, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
+         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=256,
+         num_experts_per_token=8, moe_intermediate_size=2048, num_shared_experts=1,
+         first_dense_layers=3,
+         source="deepseek-ai/DeepSeek-V3:inference/configs/config_671B.json@9b4e978"),
+    dict(name="OPT-13B", num_layers=40, hidden_size=5120, num_attention_heads=40,
+         num_kv_heads=40, head_dim=128, intermediate_size=20480, vocab_size=50272,
+         max_context_tokens=2048, mlp_kind="plain", norm_kind="layer",
+         tie_word_embeddings=True, learned_positions=2050, source=_OPT_SRC),
+    dict(name="OPT-66B", num_layers=64, hidden_size=9216, num_attention_heads=72,
+         num_kv_heads=72, head_dim=128, intermediate_size=36864, vocab_size=50272,
+         max_context_tokens=2048, mlp_kind="plain", norm_kind="layer",
+         tie_word_embeddings=True, learned_positions=2050, source=_OPT_SRC),
+    dict(name="OPT-175B", num_layers=96, hidden_size=12288, num_attention_heads=96,
+         num_kv_heads=96, head_dim=128, intermediate_size=49152, vocab_size=50272,
+         max_context_tokens=2048, mlp_kind="plain", norm_kind="layer",
+         tie_word_embeddings=True, learned_positions=2050, source=_OPT_SRC),
+]
+
+CATALOG: dict[str, ModelConfig] = {e["name"]: ModelConfig(**e) for e in _ENTRIES}
+
+
+def model_names() -> list[str]:
+    return list(CATALOG)
+
+
+def get_model(name: str) -> ModelConfig:
+    """A catalog model by name (case-insensitive), or a HF ``config.json`` by path."""
+    by_lower = {k.lower(): v for k, v in CATALOG.items()}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    path = Path(name)
+    if path.suffix == ".json" or path.is_dir():
+        return from_hf_config(path)
+    raise ConfigError(
+        f"unknown model {name!r}; catalog: {', '.join(CATALOG)} "
+        "(or give a path to a Hugging Face config.json)"
+    )
+
+
+def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return default
+
+
+def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
+    """Build a :class:`ModelConfig` from a Hugging Face ``config.json`` (file or folder)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    file = str(path)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("model config file not found", file=file) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"not valid JSON ({exc})", file=file) from None
+    if not isinstance(cfg, dict):
+        raise ConfigError("expected a JSON object", file=file)
+    model_type = str(cfg.get("model_type", ""))
+    hidden = _first(cfg, "hidden_size", "d_model")
+    heads = _first(cfg, "num_attention_heads", "n_head")
+    fields: dict[str, Any] = {
+        "name": name or cfg.get("_name_or_path") or path.parent.name or "hf-model",
+        "num_layers": _first(cfg, "num_hidden_layers", "n_layer"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": _first(cfg, "num_key_value_heads", default=heads),
+        "intermediate_size": _first(cfg, "intermediate_size", "ffn_dim"),
+        "vocab_size": cfg.get("vocab_size"),
+        "max_context_tokens": _first(cfg, "max_position_embeddings", "n_positions", default=4096),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", model_type == "opt")),
+        "source": f"Hugging Face config.json at {file}",
+    }
+    head_dim = cfg.get("head_dim")
+    if head_dim is None and hidden and heads:
+        head_dim = hidden // heads
+    fields["head_dim"] = head_dim
+    if model_type == "opt":
+        fields.update(mlp_kind="plain", norm_kind="layer", learned_positions=(
+            (fields["max_context_tokens"] or 2048) + 2))
+    if model_type.startswith("qwen2") or cfg.get("attention_bias"):
+        fields["qkv_bias"] = True
+    if model_type.startswith("qwen3"):
+        fields["qk_norm"] = True
+    experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0)
+    if experts:
+        fields.update(
+            num_experts=experts,
+            num_experts_per_token=cfg.get("num_experts_per_tok", 0),
+            moe_intermediate_size=cfg.get("moe_intermediate_size") or fields["intermediate_size"],
+            num_shared_experts=cfg.get("n_shared_experts") or 0,
+            first_dense_layers=cfg.get("first_k_dense_replace") or 0,
+        )
+    if cfg.get("kv_lora_rank"):
+        fields.update(
+            attention="mla",
+            q_lora_rank=cfg.get("q_lora_rank") or 0,
+            kv_lora_rank=cfg["kv_lora_rank"],
+            qk_nope_head_dim=cfg.get("qk_nope_head_dim", 0),
+            qk_rope_head_dim=cfg.get("qk_rope_head_dim", 0),
+            v_head_dim=cfg.get("v_head_dim", 0),
+            head_dim=cfg.get("qk_nope_head_dim", 0) + cfg.get("qk_rope_head_dim", 0),
+        )
+    missing = [k for k, v in fields.items() if v is None]
+    if missing:
+        raise ConfigError(f"missing required key(s) {missing} for a transformer config", file=file)
+    try:
+        return ModelConfig(**fields)
+    except ValidationError as exc:
+        raise validation_to_config_error(exc, file) from None

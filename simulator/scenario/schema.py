@@ -1,0 +1,121 @@
+"""The scenario file: one YAML document, one pydantic model per section."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.engine.config import RouterSpec, SchedulerSpec, WorkloadSpec
+from simulator.units import Precision
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParallelismSpec(Spec):
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (devices per stage).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel stages.")
+    ep: int = Field(1, ge=1, description="Expert-parallel degree within a stage (divides tp).")
+
+    @model_validator(mode="after")
+    def _ep_divides_tp(self) -> ParallelismSpec:
+        if self.tp % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp})")
+        return self
+
+
+class PrecisionSpec(Spec):
+    weights: Precision = Field("bf16", description="Weight storage precision.")
+    activations: Precision = Field("bf16", description="Activation precision (GEMM inputs).")
+    kv_cache: Precision = Field("bf16", description="KV-cache precision.")
+
+
+class PoolSpec(Spec):
+    name: str = Field(min_length=1, description="Pool name (unique), used in results and sweeps.")
+    role: Literal["colocated", "prefill", "decode"] = Field(
+        "colocated", description="What the pool's instances do.")
+    device: str = Field(description="Hardware profile name (see `disagg-sim profiles list`) "
+                                    "or a path to a device YAML.")
+    instances: int = Field(1, ge=1, description="Replicas (data parallel) in this pool.")
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec,  # type: ignore[arg-type]
+                                         description="TP/PP/EP of each instance.")
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec,  # type: ignore[arg-type]
+                                     description="Continuous-batching settings.")
+
+
+class KVTransferSpec(Spec):
+    mode: Literal["bulk", "layerwise"] = Field("bulk", description=(
+        "`bulk`: KV moves after prefill; `layerwise`: streams as layers finish."))
+    link: str | None = Field(None, description=(
+        "Force every hand-off onto this link profile (e.g. `ideal`); default: the path "
+        "placement implies (NVLink inside a node, scale-out network across nodes)."))
+    conversion_us_per_mb: float = Field(0.0, ge=0, description=(
+        "Layout/precision conversion cost per MB of KV, microseconds."))
+
+
+class ClusterSpec(Spec):
+    pools: list[PoolSpec] = Field(min_length=1, description="Instance pools.")
+    router: RouterSpec = Field(default_factory=RouterSpec,  # type: ignore[arg-type]
+                               description="Routing policies.")
+    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec,  # type: ignore[arg-type]
+                                        description="KV hand-off between prefill and decode pools.")
+
+    @model_validator(mode="after")
+    def _roles(self) -> ClusterSpec:
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pool names must be unique; repeated: {dupes}")
+        roles = {p.role for p in self.pools}
+        if "colocated" in roles and roles != {"colocated"}:
+            raise ValueError("mixing colocated pools with prefill/decode pools is not supported")
+        if "prefill" in roles and "decode" not in roles:
+            raise ValueError("prefill pools need a decode pool to hand requests to")
+        if "decode" in roles and "prefill" not in roles:
+            raise ValueError("decode pools need a prefill pool to receive requests from")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(p.role == "prefill" for p in self.pools)
+
+
+class SLOSpec(Spec):
+    ttft_s: float | None = Field(None, gt=0, description="Time-to-first-token target, seconds.")
+    tpot_s: float | None = Field(None, gt=0, description="Time-per-output-token target, seconds.")
+    e2e_s: float | None = Field(None, gt=0, description="End-to-end latency target, seconds.")
+
+
+class SimulationSpec(Spec):
+    max_time_s: float | None = Field(None, gt=0, description=(
+        "Stop the clock here; requests not finished are reported as in flight."))
+    fast_forward: bool = Field(True, description=(
+        "Advance decode-only stretches in one computed jump (identical results)."))
+
+
+class Scenario(Spec):
+    name: str = Field("scenario", description="Scenario name.")
+    description: str = Field("", description="What the scenario shows.")
+    seed: int = Field(0, ge=0, description="Root seed of every random stream.")
+    model: str = Field(description="Catalog model name or path to a Hugging Face config.json.")
+    precision: PrecisionSpec = Field(default_factory=PrecisionSpec,  # type: ignore[arg-type]
+                                     description="Precisions of weights, activations and KV.")
+    engine: str = Field("vllm", description="Serving-engine profile (vllm, trtllm, sglang).")
+    workload: WorkloadSpec = Field(description="Arrivals and lengths.")
+    cluster: ClusterSpec = Field(description="Pools, routing and KV hand-off.")
+    slo: SLOSpec = Field(default_factory=SLOSpec,  # type: ignore[arg-type]
+                         description="Latency targets for SLO attainment and goodput.")
+    simulation: SimulationSpec = Field(default_factory=SimulationSpec,  # type: ignore[arg-type]
+                                       description="Clock and engine options.")
+
+    def with_(self, **updates: Any) -> Scenario:
+        """A copy with dotted-path updates, validated: ``s.with_(**{"seed": 3})``.
+
+        Keys may be dotted paths (``"workload.arrival.rate_per_s"``) and may select a pool
+        by name (``"cluster.pools.decode.instances"``).
+        """
+        from simulator.scenario.paths import apply_updates
+
+        return apply_updates(self, updates)
