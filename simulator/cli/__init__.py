@@ -1,0 +1,36 @@
+"""Command-line interface: ``disagg-sim COMMAND``.
+
+Exit codes: 0 success, 2 bad input (a scenario, sweep or data file is wrong), 1 the
+simulation itself failed. Bad input prints one line naming the file and key, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from simulator.cli import profiles_cmd, run_cmd  # noqa: F401  (registers commands)
+from simulator.cli.app import app
+from simulator.errors import EXIT_SIM_FAILURE, SimulatorError
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, standalone_mode=True)
+    except SimulatorError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # a bug: say so in one line, keep the details available
+        sys.stderr.write(f"internal error: {type(exc).__name__}: {exc} "
+                         "(set DISAGG_SIM_DEBUG=1 for the traceback)\n")
+        import os
+
+        if os.environ.get("DISAGG_SIM_DEBUG"):
+            raise
+        sys.exit(EXIT_SIM_FAILURE)
+
+
+__all__ = ["app", "main"]

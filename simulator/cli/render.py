@@ -1,0 +1,50 @@
+"""Rich tables for summaries (the CLI's only output format besides files)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+_GROUPS = (
+    ("Requests", ("num_requests", "completed", "failed", "rejected", "in_flight", "preemptions")),
+    ("Throughput", ("duration_s", "request_throughput", "input_token_throughput",
+                    "output_token_throughput", "total_token_throughput")),
+    ("SLO", ("slo_attainment", "goodput", "goodput_per_device")),
+)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
+def summary_table(summary: dict[str, Any], title: str) -> Table:
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for group, keys in _GROUPS:
+        table.add_section()
+        for key in keys:
+            if key in summary:
+                table.add_row(f"{group}: {key}", _fmt(summary[key]))
+    table.add_section()
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        cells = [summary.get(f"{metric}_{s}_s") for s in ("mean", "p50", "p90", "p99")]
+        if any(c is not None for c in cells):
+            text = "  ".join(f"{s}={_fmt(c * 1e3 if isinstance(c, float) else c)}"
+                             for s, c in zip(("mean", "p50", "p90", "p99"), cells, strict=True))
+            table.add_row(f"{metric.upper()} (ms)", text)
+    table.add_section()
+    for key, value in summary.items():
+        if key.startswith("util_") or key.startswith("cost_") or key.startswith("energy_"):
+            table.add_row(key, _fmt(value))
+    return table
+
+
+def print_summary(summary: dict[str, Any], title: str, console: Console | None = None) -> None:
+    (console or Console()).print(summary_table(summary, title))

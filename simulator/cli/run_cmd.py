@@ -1,0 +1,46 @@
+"""`disagg-sim run SCENARIO.yaml`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from simulator.cli.app import app
+from simulator.cli.render import print_summary
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    out: Annotated[Path | None, typer.Option(help="Write summary, frames and the resolved "
+                                                  "scenario to this folder.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace-event "
+                                                    "JSON file of the run.")] = None,
+    step_by_step: Annotated[bool, typer.Option(help="Disable decode fast-forward "
+                                                    "(for checking).")] = False,
+) -> None:
+    """Simulate one scenario and print its summary."""
+    from simulator.runner.run import run as run_scenario
+    from simulator.scenario.load import load_scenario, scenario_dir
+
+    sc = load_scenario(scenario)
+    if step_by_step:
+        sc = sc.with_(**{"simulation.fast_forward": False})
+    result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario), file=str(scenario))
+    console = Console()
+    print_summary(result.summary, f"{sc.name} (seed {result.scenario.seed})", console)
+    console.print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps in "
+                  f"{result.wall_s:.2f} s wall")
+    if out is not None:
+        result.save(out)
+        console.print(f"wrote {out}/summary.json, requests/steps/transfers.parquet, "
+                      "scenario.resolved.yaml")
+    if trace is not None:
+        from simulator.metrics.trace_events import write_trace
+
+        write_trace(result, trace)
+        console.print(f"wrote {trace} (open in https://ui.perfetto.dev or chrome://tracing)")

@@ -1,0 +1,146 @@
+"""Metrics as pure functions of the requests and steps frames.
+
+Definitions (docs/metrics.md has the formulas) follow ``vllm bench serve``:
+TTFT = first token - arrival; TPOT = (E2E - TTFT) / (output tokens - 1) for requests with
+more than one output token; ITL = gaps between consecutive tokens (here: decode step
+durations weighted by the sequences they advance); duration = last completion - first
+arrival; goodput = requests meeting every SLO per second of duration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = (50, 90, 99)
+
+
+def add_latency_columns(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per-request latency columns (seconds); NaN where a phase did not happen."""
+    df = requests
+    out = df.copy()
+    out["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+    out["e2e_s"] = df["completion_s"] - df["arrival_s"]
+    decode_tokens = df["generated_tokens"] - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = (df["completion_s"] - df["first_token_s"]) / decode_tokens
+    out["tpot_s"] = tpot.where(decode_tokens > 0)
+    out["queue_s"] = df["prefill_start_s"] - df["arrival_s"]
+    out["prefill_s"] = df["prefill_end_s"] - df["prefill_start_s"]
+    out["transfer_queue_s"] = df["transfer_start_s"] - df["transfer_wait_s"]
+    out["transfer_s"] = df["transfer_end_s"] - df["transfer_start_s"]
+    out["decode_queue_s"] = df["decode_start_s"] - df["transfer_end_s"].where(
+        df["transfer_end_s"].notna(), df["first_token_s"])
+    out["decode_s"] = df["completion_s"] - df["decode_start_s"]
+    return out
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
+                         qs: tuple[int, ...] = PERCENTILES) -> dict[int, float]:
+    """Percentiles of ``values`` where each value occurs ``weights`` times.
+
+    Equals ``np.percentile(np.repeat(values, weights), q)`` (linear interpolation)
+    without materialising the repeated array.
+    """
+    mask = weights > 0
+    values, weights = values[mask], weights[mask].astype(np.int64)
+    if not len(values):
+        return {q: float("nan") for q in qs}
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    n = int(cum[-1])
+    out = {}
+    for q in qs:
+        pos = (n - 1) * q / 100.0
+        lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+        v_lo = v[np.searchsorted(cum, lo + 1)]
+        v_hi = v[np.searchsorted(cum, hi + 1)]
+        out[q] = float(v_lo + (v_hi - v_lo) * (pos - lo))
+    return out
+
+
+def _stats(prefix: str, series: pd.Series) -> dict[str, float]:
+    arr = series.dropna().to_numpy(dtype=float)
+    out: dict[str, float] = {}
+    out[f"{prefix}_mean_s"] = float(arr.mean()) if len(arr) else float("nan")
+    for q in PERCENTILES:
+        out[f"{prefix}_p{q}_s"] = float(np.percentile(arr, q)) if len(arr) else float("nan")
+    return out
+
+
+def slo_met(requests: pd.DataFrame, ttft_s: float | None, tpot_s: float | None,
+            e2e_s: float | None) -> pd.Series:
+    """True for completed requests that meet every given SLO."""
+    ok = requests["status"] == "completed"
+    if ttft_s is not None:
+        ok &= requests["ttft_s"] <= ttft_s
+    if tpot_s is not None:
+        ok &= requests["tpot_s"].fillna(0.0) <= tpot_s
+    if e2e_s is not None:
+        ok &= requests["e2e_s"] <= e2e_s
+    return ok
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | None = None,
+              tpot_s: float | None = None, e2e_s: float | None = None,
+              pool_devices: dict[str, int] | None = None) -> dict[str, Any]:
+    """Throughput, latency percentiles, SLO attainment, goodput and utilisation."""
+    reqs = requests if "ttft_s" in requests else add_latency_columns(requests)
+    done = reqs[reqs["status"] == "completed"]
+    counts = reqs["status"].value_counts()
+    summary: dict[str, Any] = {
+        "num_requests": len(reqs),
+        "completed": int(counts.get("completed", 0)),
+        "failed": int(counts.get("failed", 0)),
+        "rejected": int(counts.get("rejected", 0)),
+        "in_flight": int(len(reqs) - counts.get("completed", 0) - counts.get("failed", 0)
+                         - counts.get("rejected", 0)),
+    }
+    if len(done):
+        start = float(reqs["arrival_s"].min())
+        end = float(done["completion_s"].max())
+        duration = max(end - start, 1e-12)
+    else:
+        duration = float("nan")
+    summary["duration_s"] = duration
+    summary["request_throughput"] = len(done) / duration if len(done) else 0.0
+    summary["input_token_throughput"] = float(done["prompt_tokens"].sum()) / duration if len(done) else 0.0
+    summary["output_token_throughput"] = float(done["generated_tokens"].sum()) / duration if len(done) else 0.0
+    summary["total_token_throughput"] = (summary["input_token_throughput"]
+                                         + summary["output_token_throughput"])
+    summary.update(_stats("ttft", done["ttft_s"]))
+    summary.update(_stats("tpot", done["tpot_s"]))
+    summary.update(_stats("e2e", done["e2e_s"]))
+    # ITL: every decode step gives one inter-token gap to each sequence it advances.
+    if len(steps):
+        durations = steps["duration_s"].to_numpy(dtype=float)
+        seqs = steps["decode_seqs"].to_numpy()
+        total = seqs.sum()
+        summary["itl_mean_s"] = float((durations * seqs).sum() / total) if total else float("nan")
+        for q, v in weighted_percentiles(durations, seqs).items():
+            summary[f"itl_p{q}_s"] = v
+    else:
+        summary["itl_mean_s"] = float("nan")
+        for q in PERCENTILES:
+            summary[f"itl_p{q}_s"] = float("nan")
+    met = slo_met(reqs, ttft_s, tpot_s, e2e_s)
+    summary["slo_attainment"] = float(met.sum() / len(reqs)) if len(reqs) else float("nan")
+    summary["goodput"] = float(met.sum()) / duration if len(done) else 0.0
+    summary["preemptions"] = int(reqs["preemptions"].sum())
+    # Utilisation: share of the run each pool's instances spent in steps.
+    if len(steps) and duration == duration:
+        busy = steps.groupby("pool", observed=True)["duration_s"].sum()
+        inst = steps.groupby("pool", observed=True)["instance"].nunique()
+        for pool, seconds in busy.items():
+            n = (pool_devices or {}).get(f"{pool}:instances", int(inst[pool]))
+            summary[f"util_{pool}"] = float(seconds / (duration * max(n, 1)))
+    if pool_devices:
+        summary["devices"] = int(sum(v for k, v in pool_devices.items() if k.endswith(":devices")))
+        if summary["devices"] and len(done):
+            summary["goodput_per_device"] = summary["goodput"] / summary["devices"]
+            summary["output_token_throughput_per_device"] = (
+                summary["output_token_throughput"] / summary["devices"])
+    return summary

@@ -1,0 +1,36 @@
+"""Shared fixtures: small scenarios built in code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulator.scenario.schema import Scenario
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_scenario(**overrides: Any) -> Scenario:
+    """A small colocated Llama-3.1-8B on one H100 scenario, with dotted-path overrides."""
+    base: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 1,
+        "model": "Llama-3.1-8B",
+        "workload": {
+            "arrival": {"kind": "poisson", "rate_per_s": 5.0},
+            "input_tokens": {"kind": "uniform", "min_tokens": 50, "max_tokens": 400},
+            "output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 60},
+            "num_requests": 60,
+        },
+        "cluster": {"pools": [{"name": "main", "role": "colocated", "device": "H100-SXM"}]},
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+    }
+    sc = Scenario.model_validate(base)
+    return sc.with_(**overrides) if overrides else sc
+
+
+@pytest.fixture
+def tiny() -> Scenario:
+    return make_scenario()
