@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from simulator.cost.batch import BatchShape
 from simulator.cost.collectives import allreduce_time, alltoall_time, p2p_time
@@ -132,6 +135,54 @@ class InstanceCostModel:
 
     # ----- the step ------------------------------------------------------------------
     def step(self, batch: BatchShape) -> StepCost:
+        return self._step(batch, decode_attention=True)
+
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds and bound codes of consecutive decode-only steps of ``seqs`` sequences.
+
+        ``ctx_sums[j]`` is the batch's total context at step ``j``. Equals ``step()`` of
+        each ``BatchShape.decode(seqs, ctx_sums[j])`` (to rounding): everything but decode
+        attention is the same in every step and priced once; attention is vectorised.
+        Bound codes index ``("compute", "memory", "communication", "overhead")``.
+        """
+        if self.parallelism.pp != 1:
+            raise ValueError("decode_series prices single-stage instances only")
+        base = self._step(BatchShape.decode(seqs, 0), decode_attention=False)
+        ctx = np.asarray(ctx_sums, dtype=float)
+        m = self.model
+        flops, nbytes = self._decode_attention_work(seqs, ctx)
+        dev = self.device
+        eff = dev.efficiency
+        peak = dev.peak_flops(self._cp)
+        compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops)), 0.0)
+        memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
+        layers = m.num_layers
+        launch = dev.kernel_launch_us * 1e-6 * self.graph_launch_factor * layers
+        is_compute = compute >= memory
+        attn = np.maximum(compute, memory) * layers
+        seconds = base.seconds + attn + launch
+        comp = base.compute_s + np.where(is_compute, compute * layers, 0.0)
+        mem = base.memory_s + np.where(is_compute, 0.0, memory * layers)
+        comm = np.full_like(comp, base.communication_s)
+        over = np.full_like(comp, base.overhead_s + launch)
+        bound = np.argmax(np.stack([comp, mem, comm, over]), axis=0)
+        return seconds, bound
+
+    def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
+        """FLOPs and bytes of one layer's decode attention on one device."""
+        m, t = self.model, self.parallelism.tp
+        heads = m.num_attention_heads / t
+        kv_elems = self.kv_elements_per_token_per_layer_device()
+        io_width = (m.q_width + m.attn_out_width) / t
+        if m.attention == "mla":  # absorbed MLA: scores and values on the latent
+            per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:
+            per_ctx = 4 * heads * m.head_dim
+        flops = per_ctx * ctx
+        nbytes = ctx * kv_elems * self._kvb + seqs * io_width * self._ab
+        return flops, nbytes
+
+    def _step(self, batch: BatchShape, *, decode_attention: bool) -> StepCost:
         if batch.is_empty:
             return StepCost(self.step_overhead_s, (0.0,), 0.0, 0.0, 0.0, self.step_overhead_s)
         launch_scale = self.graph_launch_factor if batch.prefill_tokens == 0 else 1.0
@@ -143,9 +194,9 @@ class InstanceCostModel:
         for index, layers in enumerate(self._stage_layers):
             acc = _Acc()
             moe_layers = self._stage_moe[index]
-            self._layers(acc, batch, layers - moe_layers, moe=False)
+            self._layers(acc, batch, layers - moe_layers, moe=False, decode_attention=decode_attention)
             if moe_layers:
-                self._layers(acc, batch, moe_layers, moe=True)
+                self._layers(acc, batch, moe_layers, moe=True, decode_attention=decode_attention)
             if index == last:
                 self._lm_head(acc, batch)
             if index < last and self.links.pp is not None:
@@ -180,7 +231,8 @@ class InstanceCostModel:
         t = op_time(self.device, self._cp, flops, nbytes, kernels)
         acc.add_op(t.compute_s, t.memory_s, t.launch_s, times)
 
-    def _layers(self, acc: _Acc, b: BatchShape, count: int, *, moe: bool) -> None:
+    def _layers(self, acc: _Acc, b: BatchShape, count: int, *, moe: bool,
+                decode_attention: bool = True) -> None:
         if count <= 0:
             return
         m, par = self.model, self.parallelism
@@ -189,7 +241,7 @@ class InstanceCostModel:
         attn_params = self._attn_weight_params_device()
         self._gemm(acc, tokens, attn_params, m.q_width / t + m.attn_out_width / t,
                    2 * h, count, kernels=2)
-        self._attention(acc, b, count)
+        self._attention(acc, b, count, decode_attention)
         if moe:
             self._moe(acc, b, count)
         else:
@@ -205,7 +257,7 @@ class InstanceCostModel:
         if t > 1 and self.links.tp is not None:
             acc.comm += 2 * allreduce_time(tokens * h * self._ab, t, self.links.tp) * count
 
-    def _attention(self, acc: _Acc, b: BatchShape, count: int) -> None:
+    def _attention(self, acc: _Acc, b: BatchShape, count: int, decode: bool = True) -> None:
         m, t = self.model, self.parallelism.tp
         heads = m.num_attention_heads / t
         kv_elems = self.kv_elements_per_token_per_layer_device()
@@ -219,13 +271,8 @@ class InstanceCostModel:
             nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
             op = op_time(self.device, self._cp, flops, nbytes)
             acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
-        if b.decode_seqs:
-            if m.attention == "mla":  # absorbed MLA: scores and values on the latent
-                per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-            else:
-                per_ctx = 4 * heads * m.head_dim
-            flops = per_ctx * b.decode_ctx_tokens
-            nbytes = b.decode_ctx_tokens * kv_elems * self._kvb + b.decode_seqs * io_width * self._ab
+        if b.decode_seqs and decode:
+            flops, nbytes = self._decode_attention_work(b.decode_seqs, b.decode_ctx_tokens)
             op = op_time(self.device, self._cp, flops, nbytes)
             acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
 

@@ -64,6 +64,7 @@ class Cluster:
     recorder: Recorder
     transfer: TransferPlan = field(default_factory=TransferPlan)
     on_finished: Callable[[Request], None] = lambda _r: None
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         self.instances: list[Instance] = []
@@ -71,7 +72,7 @@ class Cluster:
             self.instances.append(Instance(
                 self.env, i, spec.name, spec.pool, spec.role, spec.cost, spec.kv_blocks,
                 spec.block_size, spec.scheduler, self.recorder, self._prefilled,
-                self._complete, self._kv_freed,
+                self._complete, self._kv_freed, self.fast_forward,
             ))
         self.entry = [x for x in self.instances if x.role in ("colocated", "prefill")]
         self.decoders = [x for x in self.instances if x.role == "decode"]
@@ -101,8 +102,7 @@ class Cluster:
             self.pending_decode.append((req, src))
 
     def _place(self, req: Request, src: Instance) -> bool:
-        fits = [d for d in self.decoders if d.kv.can_allocate(d.kv.blocks_for(req.context_tokens + 1))
-                and len(d.running) + d.reserved < d.sched.max_num_seqs]
+        fits = [d for d in self.decoders if d.can_reserve(req)]
         if not fits:
             return False
         dst = self._decode_policy(fits, req, self.router_state, "decode")

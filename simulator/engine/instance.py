@@ -1,9 +1,22 @@
 """One serving instance: a TP x PP group of devices with a scheduler and a KV cache.
 
 Its SimPy process loops: form a batch (continuous batching), ask the cost model how long
-the step takes, ``yield env.timeout(seconds)``, then apply the step's results. The
-role decides what happens when a prompt is prefilled: a colocated instance keeps
-decoding it, a prefill instance hands it to the cluster for a KV transfer.
+the step takes, ``yield env.timeout(seconds)``, then apply the step's results. The role
+decides what happens when a prompt is prefilled: a colocated instance keeps decoding it,
+a prefill instance hands it to the cluster for a KV transfer.
+
+Two refinements keep this fast and faithful:
+
+* **Pipeline parallelism** (``pp > 1``, GPU stages or LPU chip groups): micro-batches
+  flow through the stages; a new one enters stage 0 as soon as it is free, so up to
+  ``pp`` batches are in flight (as vLLM's virtual engines do). A batch's exit time follows
+  from the stage recurrence ``finish[s] = max(finish[s-1], free[s]) + stage[s]`` — no
+  event per stage.
+* **Decode fast-forward** (``pp == 1``): when the batch is decode-only and cannot change
+  until a known step (the first completion, or the first step whose KV growth would not
+  fit), the steps are priced in one vectorised call and the clock jumps to the end. An
+  arrival during the jump cuts it at the end of the step then running; the results are
+  those of step-by-step simulation.
 """
 
 from __future__ import annotations
@@ -13,16 +26,20 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import simpy
 
 from simulator.cost.batch import BatchShape
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import SchedulerSpec
 from simulator.engine.kv import BlockManager
+from simulator.engine.recorder import BOUNDS
 from simulator.engine.request import Request
 
 if TYPE_CHECKING:
     from simulator.engine.recorder import Recorder
+
+_MIN_JUMP = 3
 
 
 @dataclass(slots=True)
@@ -47,6 +64,7 @@ class Instance:
         on_prefilled: Callable[[Instance, Request], None],
         on_complete: Callable[[Instance, Request], None],
         on_kv_freed: Callable[[Instance], None],
+        fast_forward: bool = True,
     ) -> None:
         self.env = env
         self.index = index
@@ -60,13 +78,21 @@ class Instance:
         self._on_prefilled = on_prefilled
         self._on_complete = on_complete
         self._on_kv_freed = on_kv_freed
+        self.pp = cost.parallelism.pp
+        self.fast_forward = fast_forward and self.pp == 1
+        # With pp micro-batches in flight, each carries up to max_num_seqs sequences.
+        self.max_running = scheduler.max_num_seqs * self.pp
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.held = 0  # requests whose KV waits for a transfer out (prefill role)
         self.reserved = 0  # requests whose KV is reserved for a transfer in (decode role)
         self.queued_tokens = 0
         self.busy_s = 0.0
+        self.in_flight_batches = 0
+        self.speed_factor = 1.0  # > 1 slows every step (a straggler); set by fault injection
         self._wake: simpy.Event | None = None
+        self._jumping = False
+        self._stage_free = [0.0] * self.pp
         self.process = env.process(self._run())
 
     # ----- load signals the router reads ---------------------------------------------
@@ -85,13 +111,16 @@ class Instance:
         self.queued_tokens += req.prefill_target
         self.wake()
 
+    def can_reserve(self, req: Request) -> bool:
+        if len(self.running) + self.reserved >= self.max_running:
+            return False
+        return self.kv.can_allocate(self.kv.blocks_for(req.context_tokens + 1))
+
     def try_reserve(self, req: Request) -> bool:
         """Decode role: reserve KV for an incoming request's prompt, if there is room."""
-        if len(self.running) + self.reserved >= self.sched.max_num_seqs:
+        if not self.can_reserve(req):
             return False
         need = self.kv.blocks_for(req.context_tokens + 1)
-        if not self.kv.can_allocate(need):
-            return False
         self.kv.allocate(need)
         req.blocks = need
         self.reserved += 1
@@ -107,8 +136,8 @@ class Instance:
 
     def release_held(self, req: Request) -> None:
         """Prefill role: the request's KV has left; free its blocks."""
-        self.kv.release(req.blocks)
-        req.blocks = 0
+        self.kv.release(req.src_blocks)
+        req.src_blocks = 0
         self.held -= 1
         self._on_kv_freed(self)
         self.wake()
@@ -116,6 +145,9 @@ class Instance:
     def wake(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+        elif self._jumping:
+            self._jumping = False  # one interrupt per jump
+            self.process.interrupt("cut")
 
     # ----- the loop ------------------------------------------------------------------
     def _run(self) -> Generator[simpy.Event, Any, None]:
@@ -127,20 +159,140 @@ class Instance:
                 yield self._wake
                 self._wake = None
                 continue
+            if self.fast_forward and not batch.chunks:
+                jump = self._plan_jump(batch.decodes)
+                if jump is not None:
+                    yield from self._jump(batch.decodes, *jump)
+                    continue
             shape = BatchShape.build(
                 ((n, r.prefilled, r.prefilled + n >= r.prefill_target) for r, n in batch.chunks),
                 (r.context_tokens for r in batch.decodes),
             )
             step = self.cost.step(shape)
             start = env.now
-            yield env.timeout(step.seconds)
-            self.busy_s += step.seconds
-            self.recorder.step(
-                self.index, start, step.seconds, shape.prefill_tokens, shape.prefill_seqs,
-                shape.decode_seqs, shape.decode_ctx_tokens, self.kv.used, self.kv.total,
-                len(self.waiting), len(self.running), step.bound,
-            )
+            if self.pp == 1:
+                seconds = step.seconds * self.speed_factor
+                yield env.timeout(seconds)
+                self._record(start, seconds, shape, step.bound)
+                self._finish(batch, start)
+                continue
+            yield from self._pipeline(batch, shape, step.stage_seconds,
+                                      step.seconds - sum(step.stage_seconds), step.bound)
+
+    # ----- pipeline parallel ---------------------------------------------------------
+    def _pipeline(self, batch: Batch, shape: BatchShape, stages: tuple[float, ...],
+                  host_s: float, bound: str) -> Generator[simpy.Event, Any, None]:
+        """Send ``batch`` through the stages; come back when stage 0 can take the next."""
+        env = self.env
+        start = env.now
+        for req, _ in batch.chunks:
+            req.in_flight = True
+        for req in batch.decodes:
+            req.in_flight = True
+        free = self._stage_free
+        t = start + host_s * self.speed_factor
+        first_stage_done = t
+        for s, seconds in enumerate(stages):
+            t = max(t, free[s]) + seconds * self.speed_factor
+            free[s] = t
+            if s == 0:
+                first_stage_done = t
+        exit_s = t
+        self.in_flight_batches += 1
+
+        def done(_e: simpy.Event) -> None:
+            self.in_flight_batches -= 1
+            for req, _ in batch.chunks:
+                req.in_flight = False
+            for req in batch.decodes:
+                req.in_flight = False
+            self._record(start, exit_s - start, shape, bound)
             self._finish(batch, start)
+            self.wake()
+
+        env.timeout(exit_s - start).callbacks.append(done)
+        if self.in_flight_batches >= self.pp:
+            # Every stage slot is taken: wait for the oldest batch to leave.
+            self._wake = env.event()
+            yield self._wake
+            self._wake = None
+        else:
+            yield env.timeout(first_stage_done - start)
+
+    # ----- decode fast-forward -------------------------------------------------------
+    def _plan_jump(self, decodes: list[Request]) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """Steps this decode-only batch can run unchanged, with their costs and bounds."""
+        if len(decodes) != len(self.running) or self.speed_factor != 1.0:
+            return None
+        remaining = min(r.output_tokens - r.generated for r in decodes)
+        if remaining < _MIN_JUMP:
+            return None
+        ctx = np.fromiter((r.context_tokens for r in decodes), dtype=np.int64, count=len(decodes))
+        held = np.fromiter((r.blocks for r in decodes), dtype=np.int64, count=len(decodes))
+        bs = self.kv.block_size
+        # Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs.
+        # Blocks are allocated in the current step already (held >= ceil(ctx / bs)).
+        steps = np.arange(remaining)
+        need = -(-(ctx[None, :] + steps[:, None]) // bs) - held[None, :]
+        extra = np.maximum(need, 0).sum(axis=1)
+        fits = extra <= self.kv.free
+        k = int(remaining if fits.all() else np.argmin(fits))
+        if k < _MIN_JUMP:
+            return None
+        ctx_sums = ctx.sum() + len(decodes) * steps[:k]
+        seconds, bounds = self.cost.decode_series(len(decodes), ctx_sums)
+        return k, seconds, bounds
+
+    def _jump(self, decodes: list[Request], k: int, seconds: np.ndarray,
+              bounds: np.ndarray) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        start = env.now
+        ends = np.cumsum(np.concatenate(([start], seconds)))[1:]
+        self._jumping = True
+        done = k
+        try:
+            yield env.timeout(float(ends[-1]) - start)
+        except simpy.Interrupt:
+            # Something arrived: finish the step that is running, then re-plan.
+            done = min(int(np.searchsorted(ends, env.now, side="left")) + 1, k)
+            if float(ends[done - 1]) > env.now:
+                yield env.timeout(float(ends[done - 1]) - env.now)
+        finally:
+            self._jumping = False
+        self._apply_jump(decodes, done, start, ends, seconds, bounds)
+
+    def _apply_jump(self, decodes: list[Request], done: int, start: float, ends: np.ndarray,
+                    seconds: np.ndarray, bounds: np.ndarray) -> None:
+        bs = self.kv.block_size
+        starts = np.concatenate(([start], ends[: done - 1]))
+        n = len(decodes)
+        ctx0 = sum(r.context_tokens for r in decodes)
+        kv_used = np.empty(done, dtype=np.int64)
+        used = self.kv.used
+        blocks = [r.blocks for r in decodes]
+        for j in range(done):
+            for i, r in enumerate(decodes):
+                need = -(-(r.context_tokens + j) // bs)
+                if need > blocks[i]:
+                    used += need - blocks[i]
+                    blocks[i] = need
+            kv_used[j] = used
+        self.kv.allocate(used - self.kv.used)
+        for r, b in zip(decodes, blocks, strict=True):
+            r.blocks = b
+        self.recorder.steps_bulk(
+            self.index, starts, seconds[:done], n, ctx0 + n * np.arange(done), kv_used,
+            self.kv.total, len(self.waiting), len(self.running), bounds[:done],
+        )
+        self.busy_s += float(seconds[:done].sum())
+        for r in decodes:
+            if r.decode_start_s != r.decode_start_s:
+                r.decode_start_s = start
+            r.generated += done
+        for r in decodes:
+            if r.done:
+                r.generated = r.output_tokens
+                self._complete(r)
 
     # ----- scheduling ------------------------------------------------------------------
     def _schedule(self) -> Batch | None:
@@ -151,11 +303,14 @@ class Instance:
     def _grow_for_decode(self, req: Request) -> bool:
         """Make sure ``req`` has KV blocks for one more token, preempting if needed.
 
-        Returns False if ``req`` itself had to be preempted.
+        Returns False if ``req`` cannot decode this step (it was preempted, or every
+        possible victim is in flight in another micro-batch).
         """
         need = self.kv.blocks_for(req.context_tokens) - req.blocks
         while need > 0 and not self.kv.can_allocate(need):
-            victim = self.running[-1]
+            victim = next((r for r in reversed(self.running) if not r.in_flight), None)
+            if victim is None:
+                return False
             self._preempt(victim)
             if victim is req:
                 return False
@@ -175,14 +330,14 @@ class Instance:
 
     def _decodes(self, budget: int) -> list[Request]:
         decodes: list[Request] = []
+        limit = min(budget, self.sched.max_num_seqs)
         for req in list(self.running):
-            if budget <= 0:
+            if len(decodes) >= limit:
                 break
-            if req.status != "decode":  # still prefilling, or preempted in this loop
+            if req.status != "decode" or req.in_flight:
                 continue
             if self._grow_for_decode(req):
                 decodes.append(req)
-                budget -= 1
         return [r for r in decodes if r.status == "decode"]
 
     def _admit(self, req: Request) -> bool:
@@ -200,26 +355,33 @@ class Instance:
         req.status = "prefill"
         return True
 
+    def _room(self) -> bool:
+        return len(self.running) + self.held < self.max_running
+
     def _schedule_mixed(self) -> Batch | None:
         """Decode-first continuous batching with chunked prefill (vLLM V1 default)."""
         budget = self.sched.max_num_batched_tokens
         decodes = self._decodes(budget) if self.role != "prefill" else []
         budget -= len(decodes)
+        seqs = len(decodes)
         chunks: list[tuple[Request, int]] = []
         for req in self.running:
-            if budget <= 0:
+            if budget <= 0 or seqs >= self.sched.max_num_seqs:
                 break
-            if req.in_prefill:
+            if req.in_prefill and not req.in_flight:
                 n = min(req.prefill_target - req.prefilled, budget)
                 chunks.append((req, n))
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) + self.held < self.sched.max_num_seqs:
+                seqs += 1
+        while (self.waiting and budget > 0 and self._room()
+               and seqs < self.sched.max_num_seqs):
             req = self.waiting[0]
             if not self._admit(req):
                 break
             n = min(req.prefill_target, budget)
             chunks.append((req, n))
             budget -= n
+            seqs += 1
         if not chunks and not decodes:
             return None
         return Batch(chunks, decodes)
@@ -228,7 +390,7 @@ class Instance:
         """Without chunked prefill: whole prompts first, decode steps only when none fit."""
         budget = self.sched.max_num_batched_tokens
         chunks: list[tuple[Request, int]] = []
-        while self.waiting and len(self.running) + self.held < self.sched.max_num_seqs:
+        while self.waiting and self._room() and len(chunks) < self.sched.max_num_seqs:
             req = self.waiting[0]
             n = req.prefill_target
             if n > budget and chunks:  # a prompt larger than the budget runs alone
@@ -245,15 +407,27 @@ class Instance:
         return Batch([], decodes) if decodes else None
 
     # ----- results of a step -----------------------------------------------------------
+    def _record(self, start: float, seconds: float, shape: BatchShape, bound: str) -> None:
+        self.busy_s += seconds
+        self.recorder.step(
+            self.index, start, seconds, shape.prefill_tokens, shape.prefill_seqs,
+            shape.decode_seqs, shape.decode_ctx_tokens, self.kv.used, self.kv.total,
+            len(self.waiting), len(self.running), bound,
+        )
+
     def _finish(self, batch: Batch, start: float) -> None:
         now = self.env.now
         for req in batch.decodes:
+            if req.status != "decode":
+                continue
             if req.decode_start_s != req.decode_start_s:  # NaN: its first decode step
                 req.decode_start_s = start
             req.generated += 1
             if req.done:
                 self._complete(req)
         for req, n in batch.chunks:
+            if req.status != "prefill":
+                continue
             req.prefilled += n
             if req.prefilled < req.prefill_target:
                 continue
@@ -267,6 +441,7 @@ class Instance:
             elif self.role == "prefill":
                 self.running.remove(req)
                 self.held += 1
+                req.src_blocks, req.blocks = req.blocks, 0
                 req.status = "transfer"
                 self._on_prefilled(self, req)
             else:

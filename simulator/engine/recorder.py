@@ -67,6 +67,26 @@ class Recorder:
         s["bound"].append(_BOUND_CODE[bound])
         s["steps"].append(steps)
 
+    def steps_bulk(self, instance: int, starts: np.ndarray, durations: np.ndarray,
+                   decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
+                   kv_total: int, queue_len: int, running: int, bounds: np.ndarray) -> None:
+        """Rows of ``len(starts)`` consecutive decode-only steps (a fast-forward jump)."""
+        n = len(starts)
+        s = self.steps
+        s["instance"].extend([instance] * n)
+        s["start_s"].extend(starts.tolist())
+        s["duration_s"].extend(durations.tolist())
+        s["prefill_tokens"].extend([0] * n)
+        s["prefill_seqs"].extend([0] * n)
+        s["decode_seqs"].extend([decode_seqs] * n)
+        s["decode_ctx_tokens"].extend(np.asarray(decode_ctx, dtype=np.int64).tolist())
+        s["kv_used_blocks"].extend(kv_used.tolist())
+        s["kv_total_blocks"].extend([kv_total] * n)
+        s["queue_len"].extend([queue_len] * n)
+        s["running"].extend([running] * n)
+        s["bound"].extend(np.asarray(bounds, dtype=np.int8).tolist())
+        s["steps"].extend([1] * n)
+
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
         t = self.transfers

@@ -21,6 +21,7 @@ class Request:
         "first_token_s",
         "generated",
         "id",
+        "in_flight",
         "output_tokens",
         "prefill_end_s",
         "prefill_instance",
@@ -32,6 +33,7 @@ class Request:
         "preemptions",
         "prompt_tokens",
         "reason",
+        "src_blocks",
         "status",
         "transfer_end_s",
         "transfer_start_s",
@@ -50,6 +52,8 @@ class Request:
         self.prefill_target = prompt_tokens
         self.generated = 0
         self.blocks = 0
+        self.in_flight = False  # part of a micro-batch still in the pipeline
+        self.src_blocks = 0  # KV blocks still held on the prefill instance during a hand-off
         self.block_hashes: list[int] | None = None
         self.preemptions = 0
         self.status = "queued"

@@ -47,7 +47,7 @@ class Simulation:
         transfer = TransferPlan(sc.cluster.kv_transfer.mode, plan.transfer_path,
                                 plan.model.num_layers)
         cluster = Cluster(env, plan.instances, sc.cluster.router, RouterState(rngs["routing"]),
-                          recorder, transfer)
+                          recorder, transfer, fast_forward=sc.simulation.fast_forward)
         capacity = _admissible_tokens(cluster)
 
         def submit(req: Request) -> None:
