@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from simulator.cli import profiles_cmd, run_cmd  # noqa: F401  (registers commands)
+from simulator.cli import compare_cmd, profiles_cmd, run_cmd  # noqa: F401  (registers commands)
+from simulator.cli import schema_cmd  # noqa: F401  (registers `schema`)
 from simulator.cli.app import app
 from simulator.errors import EXIT_SIM_FAILURE, SimulatorError
 

@@ -48,3 +48,9 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
 
 def print_summary(summary: dict[str, Any], title: str, console: Console | None = None) -> None:
     (console or Console()).print(summary_table(summary, title))
+
+
+def make_console() -> Console:
+    """A console that does not squeeze wide tables when output is piped or captured."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from simulator.cli.app import app
-from simulator.cli.render import print_summary
+from simulator.cli.overrides import apply_sets
+from simulator.cli.render import make_console, print_summary
 
 
 @app.command()
@@ -22,16 +22,19 @@ def run(
                                                     "JSON file of the run.")] = None,
     step_by_step: Annotated[bool, typer.Option(help="Disable decode fast-forward "
                                                     "(for checking).")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help=(
+        "Override a scenario key, e.g. --set workload.arrival.rate_per_s=3 or "
+        "--set cluster.pools.decode.instances=2 (repeatable; values are YAML)."))] = None,
 ) -> None:
     """Simulate one scenario and print its summary."""
     from simulator.runner.run import run as run_scenario
     from simulator.scenario.load import load_scenario, scenario_dir
 
-    sc = load_scenario(scenario)
+    sc = apply_sets(load_scenario(scenario), set_, str(scenario))
     if step_by_step:
         sc = sc.with_(**{"simulation.fast_forward": False})
     result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario), file=str(scenario))
-    console = Console()
+    console = make_console()
     print_summary(result.summary, f"{sc.name} (seed {result.scenario.seed})", console)
     console.print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps in "
                   f"{result.wall_s:.2f} s wall")

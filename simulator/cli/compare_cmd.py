@@ -1,0 +1,65 @@
+"""`disagg-sim compare A.yaml B.yaml ...`: scenarios side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from simulator.cli.app import app
+from simulator.cli.render import make_console
+from simulator.cli.overrides import apply_sets
+
+COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("devices", "devices", 1),
+    ("completed", "completed", 1),
+    ("goodput", "goodput req/s", 1),
+    ("goodput_per_device", "goodput/dev", 1),
+    ("slo_attainment", "SLO %", 100),
+    ("ttft_p90_s", "TTFT p90 ms", 1e3),
+    ("tpot_p90_s", "TPOT p90 ms", 1e3),
+    ("itl_p99_s", "ITL p99 ms", 1e3),
+    ("output_token_throughput", "out tok/s", 1),
+)
+
+
+def _fmt(v: Any, scale: float) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        x = v * scale
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    return str(v)
+
+
+@app.command()
+def compare(
+    scenarios: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE in "
+                                                   "every scenario (repeatable).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override every scenario's seed.")] = None,
+    csv: Annotated[Path | None, typer.Option(help="Also write the table as CSV.")] = None,
+) -> None:
+    """Simulate several scenarios and print goodput and p90 TTFT/TPOT side by side."""
+    import pandas as pd
+
+    from simulator.runner.run import run as run_scenario
+    from simulator.scenario.load import load_scenario, scenario_dir
+
+    table = Table(title="Comparison")
+    table.add_column("scenario")
+    for _, label, _ in COLUMNS:
+        table.add_column(label, justify="right")
+    rows = []
+    for path in scenarios:
+        sc = apply_sets(load_scenario(path), set_, str(path))
+        res = run_scenario(sc, seed=seed, base_dir=scenario_dir(path), file=str(path))
+        s = res.summary
+        table.add_row(sc.name, *(_fmt(s.get(k, float("nan")), scale) for k, _, scale in COLUMNS))
+        rows.append({"scenario": sc.name, "file": str(path),
+                     **{k: s.get(k) for k, _, _ in COLUMNS}})
+    make_console().print(table)
+    if csv is not None:
+        pd.DataFrame(rows).to_csv(csv, index=False)
