@@ -205,8 +205,15 @@ def test_metrics_definitions(tiny) -> None:
     assert res.summary["ttft_p90_s"] == pytest.approx(np.percentile(r["first_token_s"] - r["arrival_s"], 90))
     dur = r["completion_s"].max() - res.requests["arrival_s"].min()
     assert res.summary["request_throughput"] == pytest.approx(len(r) / dur)
-    st_ = res.steps
-    itl = np.repeat(st_["duration_s"].to_numpy(), st_["decode_seqs"].to_numpy())
+    # ITL: each decode step gives its sequences the time since the previous decode step
+    # of the instance ended (chunked prefill here, so steps run back to back).
+    st_ = res.steps.sort_values("start_s")
+    gaps, prev = [], None
+    for start, end, seqs in zip(st_["start_s"], st_["end_s"], st_["decode_seqs"], strict=True):
+        if seqs:
+            gaps.append((end - prev if prev is not None and prev <= start else end - start, seqs))
+            prev = end
+    itl = np.repeat([g for g, _ in gaps], [n for _, n in gaps])
     assert res.summary["itl_p99_s"] == pytest.approx(np.percentile(itl, 99))
     assert res.summary["itl_mean_s"] == pytest.approx(itl.mean())
     assert not math.isnan(res.summary["goodput"])

@@ -62,6 +62,32 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
     return out
 
 
+def itl_gaps(steps: pd.DataFrame) -> np.ndarray:
+    """Inter-token gap each step gives the sequences it decodes.
+
+    A decoding sequence waits from the end of the previous decode-carrying step of its
+    instance to the end of this one, so prefill-only steps in between (no chunked
+    prefill) count towards its gap. When steps overlap (pipeline micro-batches) the
+    previous step belongs to another micro-batch and the gap is the step's own latency.
+    Rows without decodes get 0 (their weight is zero).
+    """
+    gaps = np.zeros(len(steps))
+    if not len(steps):
+        return gaps
+    inst = steps["instance"].to_numpy()
+    start = steps["start_s"].to_numpy(dtype=float)
+    end = start + steps["duration_s"].to_numpy(dtype=float)
+    idx = np.flatnonzero(steps["decode_seqs"].to_numpy() > 0)
+    if not len(idx):
+        return gaps
+    order = idx[np.lexsort((end[idx], inst[idx]))]
+    e, s, ins = end[order], start[order], inst[order]
+    prev = np.concatenate(([np.inf], e[:-1]))
+    same = np.concatenate(([False], ins[1:] == ins[:-1]))
+    gaps[order] = np.where(same & (prev <= s), e - prev, e - s)
+    return gaps
+
+
 def _stats(prefix: str, series: pd.Series) -> dict[str, float]:
     arr = series.dropna().to_numpy(dtype=float)
     out: dict[str, float] = {}
@@ -116,7 +142,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     summary.update(_stats("e2e", done["e2e_s"]))
     # ITL: every decode step gives one inter-token gap to each sequence it advances.
     if len(steps):
-        durations = steps["duration_s"].to_numpy(dtype=float)
+        durations = itl_gaps(steps)
         seqs = steps["decode_seqs"].to_numpy()
         total = seqs.sum()
         summary["itl_mean_s"] = float((durations * seqs).sum() / total) if total else float("nan")
