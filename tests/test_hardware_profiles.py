@@ -18,6 +18,7 @@ DEVICE_FILES = sorted((profiles_dir() / "devices").glob("*.yaml"))
 LINK_FILES = sorted((profiles_dir() / "links").glob("*.yaml"))
 
 EXPECTED_DEVICES = {
+    "GB200-NVL72",
     "A100-SXM-80GB",
     "H100-SXM",
     "H100-PCIe",

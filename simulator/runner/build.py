@@ -94,21 +94,36 @@ def _max_prompt(scenario: Scenario, base_dir: Path) -> int | None:
 
 def instance_links(placement: Placement, par: Parallelism, file: str | None,
                    key: str) -> LinkSet:
+    """Links of an instance's collectives, from where its ranks sit.
+
+    A stage's TP (and EP) group talks over the scale-up link when all its ranks share a
+    scale-up domain, else over the scale-out network; PP activations cross the scale-out
+    network when any two consecutive stages sit in different domains.
+    """
     dev = placement.device
-    inside = placement.within_domain()
     up = _link(dev.scale_up_link, file, f"{key}.device")
     out = _link(dev.scale_out_link, file, f"{key}.device")
-    group_link = up if inside and up is not None else (out or up)
+
+    def pick(inside: bool) -> LinkProfile | None:
+        return (up or out) if inside else (out or up)
+
+    tp_inside = all(placement.same_domain(range(s * par.tp, (s + 1) * par.tp))
+                    for s in range(par.pp))
+    group_link = pick(tp_inside)
     if par.tp > 1 and group_link is None:
         raise ConfigError(f"tp={par.tp} needs a link but device {dev.name} has no "
-                          "scale_up_link or scale_out_link", file=file, key=f"{key}.parallelism.tp")
-    stage_devices = par.tp
-    stage_link = group_link
-    if inside or stage_devices <= dev.devices_per_node:
-        stage_link = up if up is not None else group_link
-    pp_link = group_link if par.pp > 1 else None
-    return LinkSet(tp=stage_link if par.tp > 1 else None, pp=pp_link,
-                   ep=stage_link if par.ep > 1 else None)
+                          "scale_up_link or scale_out_link", file=file,
+                          key=f"{key}.parallelism.tp")
+    pp_link = None
+    if par.pp > 1:
+        pp_inside = all(placement.domain_of_rank(s * par.tp - 1) == placement.domain_of_rank(s * par.tp)
+                        for s in range(1, par.pp))
+        pp_link = pick(pp_inside)
+        if pp_link is None:
+            raise ConfigError(f"pp={par.pp} needs a link but device {dev.name} has none",
+                              file=file, key=f"{key}.parallelism.pp")
+    return LinkSet(tp=group_link if par.tp > 1 else None, pp=pp_link,
+                   ep=group_link if par.ep > 1 else None)
 
 
 def memory_error(model: ModelConfig, dev: DeviceProfile, par: Parallelism, mem: MemoryPlan,
@@ -132,7 +147,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
     except ConfigError as exc:
         raise _keyed(exc, file, "model") from None
     try:
-        engine = load_engine(scenario.engine)
+        base_engine = load_engine(scenario.engine)
     except ConfigError as exc:
         raise _keyed(exc, file, "engine") from None
     prec = scenario.precision
@@ -153,7 +168,9 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         devices.append(dev)
         p = pool.parallelism
         groups.append((pool.name, dev, pool.instances, p.tp * p.pp))
-    placements = place(groups)
+    spread = {pool.name: pool.placement.nodes_per_instance
+              for pool in scenario.cluster.pools if pool.placement.nodes_per_instance}
+    placements = place(groups, spread)
 
     pools: list[PoolPlan] = []
     instances: list[InstanceSpec] = []
@@ -166,6 +183,12 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         except ValueError as exc:
             raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
         sched = pool.scheduler
+        engine = base_engine
+        if pool.engine is not None:
+            try:
+                engine = load_engine(pool.engine)
+            except ConfigError as exc:
+                raise _keyed(exc, file, f"{key}.engine") from None
         block = sched.block_size or engine.block_size
         util = sched.memory_utilization or engine.memory_utilization
         pool_places = placements[cursor: cursor + pool.instances]
@@ -179,6 +202,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                     step_overhead_s=engine.step_overhead_us * 1e-6,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
+                    moe_imbalance=pool.moe_imbalance,
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
@@ -214,7 +238,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
     kv = scenario.cluster.kv_transfer
     if kv.link is not None:
         _link(kv.link, file, "cluster.kv_transfer.link")
-    return ClusterPlan(scenario, model, engine, pools, instances, placements, base_dir, file)
+    return ClusterPlan(scenario, model, base_engine, pools, instances, placements, base_dir, file)
 
 
 def _transfer_path(plan: ClusterPlan, src: int, dst: int) -> TransferPath:

@@ -23,20 +23,32 @@ class Placement:
     nodes: tuple[int, ...]
     """Nodes the instance spans, in order."""
     node_kind: str
+    spread: bool = False
+    """Ranks are split evenly over ``nodes`` (explicit placement) instead of packed."""
 
     @property
     def within_node(self) -> bool:
         return len(self.nodes) == 1
 
-    def within_domain(self) -> bool:
-        if len(self.nodes) > 1 and self.device.scale_up_domain <= self.device.devices_per_node:
-            return False
-        dom = self.device.scale_up_domain
-        first, last = self.first_device, self.first_device + self.devices - 1
-        return first // dom == last // dom and self.devices <= dom
+    def global_device(self, rank: int) -> int:
+        """Index of ``rank``'s device in its kind's numbering (node * devices_per_node + slot)."""
+        per_node = self.device.devices_per_node
+        if self.spread:
+            share = -(-self.devices // len(self.nodes))
+            return self.nodes[rank // share] * per_node + rank % share
+        return self.first_device + rank
+
+    def domain_of_rank(self, rank: int) -> int:
+        return self.global_device(rank) // self.device.scale_up_domain
 
     def node_of_rank(self, rank: int) -> int:
-        return (self.first_device + rank) // self.device.devices_per_node
+        return self.global_device(rank) // self.device.devices_per_node
+
+    def same_domain(self, ranks: range) -> bool:
+        return len({self.domain_of_rank(r) for r in ranks}) == 1
+
+    def within_domain(self) -> bool:
+        return self.same_domain(range(self.devices))
 
 
 def place(pools: list[tuple[str, DeviceProfile, int, int]],
@@ -59,7 +71,7 @@ def place(pools: list[tuple[str, DeviceProfile, int, int]],
                 start = -(-start // per_node) * per_node
                 nodes = tuple(start // per_node + k for k in range(spread))
                 cursor[kind] = start + spread * per_node
-                out.append(Placement(pool, device, start, per_instance, nodes, kind))
+                out.append(Placement(pool, device, start, per_instance, nodes, kind, spread=True))
                 continue
             # Do not split an instance that fits in one node across two nodes.
             if per_instance <= per_node and start % per_node + per_instance > per_node:

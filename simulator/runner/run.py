@@ -14,6 +14,7 @@ from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
 from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
+from simulator.metrics.cost import cost_summary
 from simulator.metrics.summary import add_latency_columns, summarize
 from simulator.runner.build import ClusterPlan, build_plan
 from simulator.runner.result import RunResult
@@ -79,6 +80,7 @@ class Simulation:
         slo = sc.slo
         summary = summarize(requests, steps, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
                             e2e_s=slo.e2e_s, pool_devices=plan.pool_devices)
+        summary.update(cost_summary(plan, summary))
         events = pd.DataFrame(recorder.events, columns=["time_s", "kind", "detail"])
         wall = time.perf_counter() - wall0
         return RunResult(sc, requests, steps, transfers, summary, events, wall)

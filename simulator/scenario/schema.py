@@ -32,6 +32,12 @@ class PrecisionSpec(Spec):
     kv_cache: Precision = Field("bf16", description="KV-cache precision.")
 
 
+class PlacementSpec(Spec):
+    nodes_per_instance: int | None = Field(None, ge=1, description=(
+        "Spread each instance over this many nodes (e.g. 2 to study a TP/EP group that "
+        "crosses the network). Default: pack instances into as few nodes as possible."))
+
+
 class PoolSpec(Spec):
     name: str = Field(min_length=1, description="Pool name (unique), used in results and sweeps.")
     role: Literal["colocated", "prefill", "decode"] = Field(
@@ -43,6 +49,12 @@ class PoolSpec(Spec):
                                          description="TP/PP/EP of each instance.")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec,  # type: ignore[arg-type]
                                      description="Continuous-batching settings.")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec,  # type: ignore[arg-type]
+                                     description="Where the pool's instances sit.")
+    engine: str | None = Field(None, description=(
+        "Serving-engine profile for this pool (default: the scenario's `engine`)."))
+    moe_imbalance: float = Field(1.0, ge=1.0, description=(
+        "Tokens routed to the busiest expert device relative to a uniform split (MoE)."))
 
 
 class KVTransferSpec(Spec):

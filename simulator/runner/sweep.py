@@ -1,0 +1,435 @@
+"""Sweeps: a base scenario, axes and seeds, expanded into runs with stable ids, and run.
+
+A sweep file::
+
+    name: pd-ratio
+    base: ../llama70b_tp8_h100.yaml          # a scenario path (relative to this file) or a mapping
+    overrides: {workload.num_requests: 300}  # applied to every run
+    grid:                                    # every combination of these lists
+      cluster.pools.prefill.instances: [1, 2, 3]
+      cluster.pools.decode.instances: [1, 2, 3]
+    zip:                                     # lists in one group advance together
+      - {cluster.pools.prefill.parallelism.tp: [2, 4], cluster.pools.decode.parallelism.tp: [4, 8]}
+    seeds: [0, 1, 2]
+
+Grid axes and zip groups are crossed with one another, then with the seeds. A path may
+select a pool by name. Each run's id is a hash of its resolved scenario (seed included),
+so the same run has the same id in every sweep that contains it.
+
+Results (``OUT/``): ``runs/<id>.json`` holds one finished run's row and is written by an
+atomic rename, so it exists whole or not at all; a restarted sweep skips the runs whose
+row is there (and retries failed ones). ``results.parquet`` (one row per run, in expansion
+order) is rebuilt from those rows, again by atomic rename, when the sweep ends or stops;
+``aggregate.parquet`` has one row per configuration with the mean and 95 % confidence
+interval of every metric over the seeds. With ``frames: true`` each run's request/step/transfer frames go to ``runs/<id>/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import BrokenExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.config_io import read_yaml, validate
+from simulator.errors import ConfigError, SimulationError, SimulatorError
+from simulator.runner.executors import default_workers, make_executor
+from simulator.runner.goodput import GoodputSpec
+from simulator.scenario.load import load_scenario, scenario_dir
+from simulator.scenario.paths import apply_updates, get_path
+from simulator.scenario.schema import Scenario
+
+Progress = Callable[[int, int, int], None]
+"""``progress(done, failed, total)``: called once before the first run and after each."""
+
+
+class SweepSpec(BaseModel):
+    """The sweep file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("sweep", description="Sweep name.")
+    description: str = Field("", description="What the sweep studies.")
+    base: str | dict[str, Any] = Field(description=(
+        "Base scenario: a YAML path (relative to the sweep file) or an inline mapping."))
+    overrides: dict[str, Any] = Field(default_factory=dict, description=(
+        "Dotted path -> value, applied to every run before the axes."))
+    grid: dict[str, Any] = Field(default_factory=dict, description=(
+        "Dotted path -> list of values; every combination of the lists is run."))
+    zip: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Groups of dotted path -> list; the lists in a group have one length and advance "
+        "together; groups are crossed with the grid."))
+    seeds: list[int] | None = Field(None, min_length=1, description=(
+        "Seeds run for every point (default: the base scenario's seed)."))
+    frames: bool = Field(False, description="Also save each run's requests/steps/transfers.")
+    goodput: GoodputSpec | None = Field(None, description=(
+        "Make each run a goodput search (highest rate meeting the SLO attainment target) "
+        "instead of one simulation."))
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """One run of a sweep: everything a worker needs, picklable."""
+
+    run_id: str
+    config_id: str
+    index: int
+    seed: int
+    point: dict[str, Any]
+    scenario: dict[str, Any]
+    base_dir: str
+    file: str | None = None
+    frames: bool = False
+    goodput: dict[str, Any] | None = None
+
+    def head(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "config_id": self.config_id, "index": self.index,
+                "seed": self.seed, "status": "ok", "error": "", **self.point}
+
+
+@dataclass
+class Sweep:
+    spec: SweepSpec
+    tasks: list[RunTask]
+    axes: list[str]
+    file: str | None = None
+    base_dir: Path = field(default_factory=Path.cwd)
+
+
+def stable_hash(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ----- loading and checking ---------------------------------------------------------
+def load_sweep(path: str | Path) -> Sweep:
+    """Read, check and expand a sweep file; every problem is one :class:`ConfigError`."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping at the top level", file=str(path))
+    spec = validate(SweepSpec, data, file=str(path))
+    return expand(spec, file=str(path), folder=Path(path).resolve().parent)
+
+
+def _base(spec: SweepSpec, file: str | None, folder: Path) -> tuple[Scenario, Path]:
+    if isinstance(spec.base, str):
+        path = Path(spec.base)
+        path = path if path.is_absolute() else folder / path
+        if not path.is_file():
+            raise ConfigError(f"base scenario {spec.base!r} not found (looked for {path})",
+                              file=file, key="base")
+        return load_scenario(path), scenario_dir(path)
+    return validate(Scenario, spec.base, file=file, prefix="base"), folder
+
+
+def _check_values(key: str, values: Any) -> list[Any]:
+    if not isinstance(values, list):
+        raise ConfigError(f"an axis is a list of values, got {type(values).__name__} "
+                          f"(write [{values!r}] for a single value)", key=key)
+    if not values:
+        raise ConfigError("empty axis: give at least one value", key=key)
+    return values
+
+
+def _check_path(data: dict[str, Any], path: str, key: str) -> None:
+    """Fail with the allowed keys when ``path`` names nothing in the scenario."""
+    if path == "seed":
+        raise ConfigError("vary the seed with `seeds:`, not as an axis", key=key)
+    node: Any = data
+    segments = path.split(".")
+    for depth, segment in enumerate(segments):
+        where = ".".join(segments[:depth]) or "the scenario"
+        if isinstance(node, dict):
+            if segment not in node:
+                raise ConfigError(f"unknown path {path!r}: {where} has no key {segment!r}; "
+                                  f"keys there: {', '.join(node)}", key=key)
+            node = node[segment]
+        elif isinstance(node, list):
+            try:
+                node = get_path(node, segment)
+            except ConfigError as exc:
+                raise ConfigError(f"unknown path {path!r}: {exc.message} (at {where})",
+                                  key=key) from None
+        elif node is None:
+            return  # an unset optional section: the scenario's validation checks the rest
+        else:
+            raise ConfigError(f"unknown path {path!r}: {where} is a value, not a section",
+                              key=key)
+
+
+def _dimensions(spec: SweepSpec, file: str | None
+                ) -> tuple[list[list[dict[str, Any]]], dict[str, str]]:
+    """The axes as lists of partial points, and each axis path's key in the sweep file."""
+    dims: list[list[dict[str, Any]]] = []
+    keys: dict[str, str] = {}
+    repeated: set[str] = set()
+    try:
+        for path, values in spec.grid.items():
+            dims.append([{path: v} for v in _check_values(f"grid.{path}", values)])
+            keys[path] = f"grid.{path}"
+        for g, group in enumerate(spec.zip):
+            if not group:
+                raise ConfigError("empty zip group: give paths with lists", key=f"zip[{g}]")
+            lengths = {p: len(_check_values(f"zip[{g}].{p}", v)) for p, v in group.items()}
+            if len(set(lengths.values())) > 1:
+                shown = ", ".join(f"{p}: {n}" for p, n in lengths.items())
+                raise ConfigError(f"zipped lists must have the same length; got {shown}",
+                                  key=f"zip[{g}]")
+            n = next(iter(lengths.values()))
+            dims.append([{p: group[p][i] for p in group} for i in range(n)])
+            repeated |= set(group) & set(keys)
+            keys.update({p: f"zip[{g}].{p}" for p in group})
+    except ConfigError as exc:
+        raise exc.with_file(file or "") from None
+    repeated |= set(keys) & set(spec.overrides)
+    if repeated:
+        raise ConfigError(f"each path may appear in one place only (overrides, grid or one zip "
+                          f"group); repeated: {sorted(repeated)}", file=file)
+    return dims, keys
+
+
+def _cells(points: list[dict[str, Any]], axes: list[str]) -> list[dict[str, Any]]:
+    """Axis values as table cells: numbers and strings stay, anything else becomes JSON."""
+    out: list[dict[str, Any]] = [{} for _ in points]
+    for axis in axes:
+        values = [p[axis] for p in points]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        same_kind = numeric or all(isinstance(v, str) for v in values) or all(
+            isinstance(v, bool) for v in values)
+        for row, v in zip(out, values, strict=True):
+            row[axis] = v if same_kind else json.dumps(v, sort_keys=True)
+    return out
+
+
+def expand(spec: SweepSpec, *, file: str | None = None, folder: Path | None = None) -> Sweep:
+    """Every run of the sweep, in order: grid axes, then zip groups, then seeds."""
+    folder = folder or Path.cwd()
+    base, base_dir = _base(spec, file, folder)
+    try:
+        base = apply_updates(base, spec.overrides)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, file=file, key=f"overrides.{exc.key or ''}".rstrip(".")
+                          ) from None
+    dims, keys = _dimensions(spec, file)
+    axes = list(keys)
+    data = base.model_dump(mode="python")
+    for path, key in keys.items():
+        try:
+            _check_path(data, path, key)
+        except ConfigError as exc:
+            raise exc.with_file(file or "") from None
+    points: list[dict[str, Any]] = []
+    for combo in itertools.product(*dims):
+        point: dict[str, Any] = {}
+        for part in combo:
+            point.update(part)
+        points.append(point)
+    cells = _cells(points, axes)
+    seeds = spec.seeds or [base.seed]
+    goodput = spec.goodput.model_dump(mode="json") if spec.goodput else None
+    tasks: list[RunTask] = []
+    seen: dict[str, int] = {}
+    for p, (point, cell) in enumerate(zip(points, cells, strict=True)):
+        try:
+            scenario = apply_updates(base, point)
+        except ConfigError as exc:
+            shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
+            raise ConfigError(f"point {p} ({shown}) is not a valid scenario: "
+                              f"{exc.key or 'scenario'}: {exc.message}", file=file) from None
+        config_json = {k: v for k, v in scenario.model_dump(mode="json").items() if k != "seed"}
+        for seed in seeds:
+            resolved = scenario.model_copy(update={"seed": seed}).model_dump(mode="json")
+            run_id = stable_hash(resolved if goodput is None
+                                 else {"scenario": resolved, "goodput": goodput})
+            if run_id in seen:
+                raise ConfigError(f"points {seen[run_id]} and {p} resolve to the same run; "
+                                  "remove the repeated axis value", file=file)
+            seen[run_id] = p
+            tasks.append(RunTask(run_id, stable_hash(config_json), len(tasks), seed, cell,
+                                 resolved, str(base_dir), file, spec.frames, goodput))
+    return Sweep(spec, tasks, axes, file, base_dir)
+
+
+# ----- one run (in a worker) --------------------------------------------------------
+def _scalar(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def execute_run(task: RunTask) -> tuple[dict[str, Any], Any]:
+    """Run one task; never raises for a failed run: the row carries the error instead.
+
+    Returns ``(row, RunResult or None)``; the result travels back only when frames are
+    to be saved.
+    """
+    from simulator.runner.goodput import search_goodput
+    from simulator.runner.run import run
+
+    t0 = time.perf_counter()
+    row = task.head()
+    result = None
+    try:
+        scenario = Scenario.model_validate(task.scenario)
+        base_dir = Path(task.base_dir)
+        if task.goodput is not None:
+            found = search_goodput(scenario, GoodputSpec.model_validate(task.goodput),
+                                   base_dir=base_dir, file=task.file)
+            row.update(found.as_row())
+            result = found.result
+        else:
+            result = run(scenario, base_dir=base_dir, file=task.file)
+        row["wall_s"] = time.perf_counter() - t0
+        if result is not None:
+            row.update({k: _scalar(v) for k, v in result.summary.items()})
+    except Exception as exc:
+        row["status"] = "failed"
+        row["error"] = str(exc) if isinstance(exc, SimulatorError) else (
+            f"{type(exc).__name__}: {exc}")
+        row["wall_s"] = time.perf_counter() - t0
+    return row, (result if task.frames else None)
+
+
+# ----- results on disk --------------------------------------------------------------
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class ResultStore:
+    """``OUT/runs/<id>.json`` per finished run; ``OUT/results.parquet`` rebuilt from them."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = Path(out)
+        self.runs = self.out / "runs"
+        self.runs.mkdir(parents=True, exist_ok=True)
+        for stale in self.runs.glob(".tmp-*"):  # left by a killed sweep
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+
+    def row(self, run_id: str) -> dict[str, Any] | None:
+        path = self.runs / f"{run_id}.json"
+        if not path.is_file():
+            return None
+        return json.loads(path.read_text())
+
+    def save(self, row: dict[str, Any], result: Any = None) -> None:
+        run_id = row["run_id"]
+        if result is not None:
+            final = self.runs / run_id
+            tmp = self.runs / f".tmp-{os.getpid()}-{run_id}"
+            result.save(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        text = json.dumps(row, allow_nan=True)
+        _atomic_write(self.runs / f"{run_id}.json", lambda p: p.write_text(text))
+
+    def table(self, tasks: list[RunTask]) -> pd.DataFrame:
+        rows = []
+        for task in tasks:
+            row = self.row(task.run_id)
+            if row is not None:
+                row["scenario_json"] = json.dumps(task.scenario, sort_keys=True)
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def write_table(self, frame: pd.DataFrame) -> Path:
+        path = self.out / "results.parquet"
+        _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
+        return path
+
+
+def _write_meta(store: ResultStore, sweep: Sweep) -> None:
+    meta = {"name": sweep.spec.name, "description": sweep.spec.description,
+            "axes": sweep.axes, "seeds": sorted({t.seed for t in sweep.tasks}),
+            "runs": len(sweep.tasks), "file": sweep.file, "base_dir": str(sweep.base_dir),
+            "goodput": sweep.spec.goodput is not None}
+    text = json.dumps(meta, indent=2) + "\n"
+    _atomic_write(store.out / "sweep.json", lambda p: p.write_text(text))
+
+
+NOT_METRICS = frozenset({"run_id", "config_id", "index", "seed", "status", "error", "wall_s",
+                         "scenario_json"})
+
+
+def aggregate(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+    """One row per configuration (seeds pooled): ``<metric>_mean``, ``<metric>_ci95``.
+
+    Only successful runs count; ``n_seeds`` says how many. See :mod:`simulator.metrics.stats`
+    for the interval.
+    """
+    from simulator.metrics.stats import aggregate_seeds
+
+    if table.empty or "status" not in table:
+        return pd.DataFrame()
+    ok = table[table["status"] == "ok"]
+    by = ["config_id", *[a for a in axes if a in ok]]
+    metrics = [c for c in ok.columns if c not in NOT_METRICS and c not in by
+               and pd.api.types.is_numeric_dtype(ok[c]) and not pd.api.types.is_bool_dtype(ok[c])]
+    return aggregate_seeds(ok, by, metrics)
+
+
+def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "local",
+              workers: int | None = None, scheduler: str | None = None,
+              retry_failed: bool = True, progress: Progress | None = None) -> pd.DataFrame:
+    """Run every task not already finished in ``out`` and return the full results table."""
+    if not isinstance(sweep, Sweep):
+        sweep = load_sweep(sweep)
+    store = ResultStore(out)
+    _write_meta(store, sweep)
+    pending, done, failed = [], 0, 0
+    for task in sweep.tasks:
+        row = store.row(task.run_id)
+        if row is None or (retry_failed and row.get("status") != "ok"):
+            pending.append(task)
+        else:
+            done += 1
+            failed += row.get("status") != "ok"
+    total = len(sweep.tasks)
+    if progress:
+        progress(done, failed, total)
+    try:
+        if pending:
+            n = workers or min(default_workers(), len(pending))
+            pool = make_executor(executor, n, scheduler)
+            try:
+                for task, outcome in pool.map_unordered(execute_run, pending):
+                    if isinstance(outcome, BrokenExecutor):
+                        raise SimulationError(
+                            f"the worker processes died ({outcome}) while running run "
+                            f"{task.run_id}; finished runs are kept, rerun to resume. (Running "
+                            "a sweep from a script? Put it under `if __name__ == '__main__':`.)")
+                    if isinstance(outcome, BaseException):
+                        row, result = task.head(), None
+                        row.update(status="failed", wall_s=math.nan,
+                                   error=f"worker error: {type(outcome).__name__}: {outcome}")
+                    else:
+                        row, result = outcome
+                    store.save(row, result)
+                    done += 1
+                    failed += row["status"] != "ok"
+                    if progress:
+                        progress(done, failed, total)
+            finally:
+                pool.close()
+    finally:
+        table = store.table(sweep.tasks)
+        store.write_table(table)
+        by_config = aggregate(table, sweep.axes)
+        _atomic_write(store.out / "aggregate.parquet",
+                      lambda p: by_config.to_parquet(p, index=False))
+    return table
