@@ -37,7 +37,11 @@ REFERENCES: tuple[tuple[str, str, str, str], ...] = (
      "A scenario YAML describes one simulated deployment: the model, the traffic, the "
      "cluster (pools of instances, routing, KV hand-off), the latency targets and the "
      "clock. Load it with `simulator.load_scenario(path)` or run it with "
-     "`disagg-sim run FILE`."),
+     "`disagg-sim run FILE`.\n\n"
+     "Keys are written here as dotted paths, the way `Scenario.with_()` and sweep axes "
+     "take them; `[]` marks a list item (pools can also be selected by name: "
+     "`cluster.pools.decode.instances`). Unknown keys are errors. Units are in the key "
+     "names (`_s` seconds, `_us` microseconds, `_per_s` per second)."),
     ("sweep.md", "simulator.runner.sweep:SweepSpec", "Sweep file reference",
      "A sweep YAML names a base scenario, the axes to vary (dotted paths to lists of "
      "values) and the seeds; `disagg-sim sweep FILE` runs the grid."),
@@ -66,17 +70,27 @@ class _Section:
     path: str
     variant: str | None = None  # the `kind` value when the model is a union variant
     paths: list[str] = field(default_factory=list)
+    children: list[_Section] = field(default_factory=list)
+    table: list[str] = field(default_factory=list)
 
     @property
     def anchor(self) -> str:
         text = self.path + (f"-{self.variant}" if self.variant else "")
         return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "top-level"
 
+    @property
+    def title(self) -> str:
+        text = ", ".join(f"`{p}`" for p in self.paths if p) or "top level"
+        return text + (f" — `kind: {self.variant}`" if self.variant else "")
+
 
 class _Walker:
+    """Registers one section per model class, at the first key path it appears under."""
+
     def __init__(self) -> None:
         self.sections: dict[type[BaseModel], _Section] = {}
         self.queue: list[_Section] = []
+        self.current: _Section | None = None
 
     def section(self, model: type[BaseModel], path: str, variant: str | None = None) -> _Section:
         sec = self.sections.get(model)
@@ -84,6 +98,8 @@ class _Walker:
             sec = _Section(model, path, variant)
             self.sections[model] = sec
             self.queue.append(sec)
+            if self.current is not None:
+                self.current.children.append(sec)
         if path not in sec.paths:
             sec.paths.append(path)
         return sec
@@ -115,10 +131,10 @@ class _Walker:
                 return text + "".join(f"; or {r}" for r in rest)
             return " or ".join(self.type_text(a, path, discriminator) for a in args)
         if origin is Literal:
-            return " \\| ".join(f"`{_yaml(v)}`" for v in get_args(annotation))
+            return " | ".join(f"`{_yaml(v)}`" for v in get_args(annotation))
         if origin in (list, tuple, set, frozenset):
-            args = [a for a in get_args(annotation) if a is not Ellipsis]
-            item = self.type_text(args[0], path + "[]") if args else "any"
+            items = [a for a in get_args(annotation) if a is not Ellipsis]
+            item = self.type_text(items[0], path + "[]") if items else "any"
             return f"list of {item}"
         if origin is dict:
             key, value = get_args(annotation) or (str, Any)
@@ -189,45 +205,53 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _section_text(walker: _Walker, sec: _Section) -> list[str]:
+def _table(walker: _Walker, sec: _Section) -> list[str]:
     model = sec.model
-    heading = f"`{sec.path}`" if sec.path else "top level"
-    if sec.variant:
-        heading += f" — `kind: {sec.variant}`"
-    lines = [f'<a id="{sec.anchor}"></a>', "", f"## {heading} ({model.__name__})", ""]
-    if model.__doc__ and model.__doc__ is not BaseModel.__doc__:
+    lines = []
+    if model.__doc__:
         lines += [" ".join(model.__doc__.split()), ""]
-    if len(sec.paths) > 1:
-        lines += ["Used at: " + ", ".join(f"`{p}`" for p in sec.paths), ""]
     lines += ["| key | type | default | constraints | description |",
               "|---|---|---|---|---|"]
     for name, info in model.model_fields.items():
         path = f"{sec.path}.{name}" if sec.path else name
         typ = walker.type_text(info.annotation, path, info.discriminator
                                if isinstance(info.discriminator, str) else None)
+        description = info.description or ""
+        if not description and name == "kind" and sec.variant:
+            description = "Selects this variant."
         lines.append("| " + " | ".join(_cell(c) for c in (
             f"`{info.alias or name}`", typ, _default(info), _constraints(info),
-            info.description or "")) + " |")
+            description)) + " |")
     checks = [d.func.__doc__ for d in model.__pydantic_decorators__.model_validators.values()
               if d.func.__doc__]
     if checks:
         lines += ["", "Checks: " + " ".join(" ".join(c.split()) for c in checks)]
-    lines.append("")
     return lines
+
+
+def _document_order(sec: _Section) -> list[_Section]:
+    out = [sec]
+    for child in sec.children:
+        out += _document_order(child)
+    return out
 
 
 def render(model: type[BaseModel], title: str, intro: str) -> str:
     """The Markdown reference of ``model`` and everything it contains."""
     walker = _Walker()
-    walker.section(model, "")
-    body: list[str] = []
+    root = walker.section(model, "")
     done = 0
-    while done < len(walker.queue):  # sections are appended while rendering
-        body += _section_text(walker, walker.queue[done])
+    while done < len(walker.queue):  # tables register the sections they link to
+        sec = walker.queue[done]
+        walker.current = sec
+        sec.table = _table(walker, sec)
         done += 1
-    toc = [f"- [{('`' + s.path + '`') if s.path else 'top level'}"
-           f"{f' (kind `{s.variant}`)' if s.variant else ''}](#{s.anchor})"
-           for s in walker.queue]
+    ordered = _document_order(root)
+    toc = [f"- [{s.title}](#{s.anchor})" for s in ordered]
+    body: list[str] = []
+    for sec in ordered:
+        body += [f'<a id="{sec.anchor}"></a>', "", f"## {sec.title} ({sec.model.__name__})",
+                 "", *sec.table, ""]
     source = f"{model.__module__}.{model.__name__}"
     head = [
         f"# {title}",
@@ -237,10 +261,8 @@ def render(model: type[BaseModel], title: str, intro: str) -> str:
         "",
         intro,
         "",
-        "Keys are dotted paths as `Scenario.with_()` and sweep axes write them; `[]` marks "
-        "a list item (pools can also be selected by name: `cluster.pools.decode.instances`). "
-        "Unknown keys are errors. Units are in the key names (`_s` seconds, `_us` "
-        "microseconds, `_gbps` gigabits per second, `_gib` GiB).",
+        "`disagg-sim schema` prints the same models as JSON Schema, for editor "
+        "autocompletion (see docs/README.md).",
         "",
         "## Contents",
         "",
@@ -290,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_references(args.out)
         for name in stale:
-            sys.stderr.write(f"{args.out / name} is out of date: run python -m simulator.docs_gen\n")
+            sys.stderr.write(f"{args.out / name} is out of date: "
+                             "run python -m simulator.docs_gen\n")
         return 1 if stale else 0
     try:
         for path in write_references(args.out):

@@ -11,6 +11,8 @@ import sys
 
 from simulator.cli import compare_cmd, profiles_cmd, run_cmd  # noqa: F401  (registers commands)
 from simulator.cli import schema_cmd  # noqa: F401  (registers `schema`)
+from simulator.cli import plan_cmd, plot_cmd, sweep_cmd  # noqa: F401  (sweep, plan, plot)
+from simulator.cli import validate_cmd  # noqa: F401  (validate, calibrate, validate-serving)
 from simulator.cli.app import app
 from simulator.errors import EXIT_SIM_FAILURE, SimulatorError
 

@@ -36,7 +36,7 @@ class MemoryPlan:
 def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str) -> list[float]:
     """Weight bytes on one device of each pipeline stage."""
     wb = bytes_per_element(weights)
-    layers = _split_layers(model.num_layers, par.pp)
+    layers = _split_layers(model.num_layers, par.pp, par.balanced_stages)
     moe = _stage_moe_layers(model, layers)
     out = []
     for index, (n, n_moe) in enumerate(zip(layers, moe, strict=True)):
@@ -56,10 +56,14 @@ def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str) -> li
             expert = model.ffn_params(model.moe_intermediate_size)
             routed = model.num_experts * expert
             params += n_moe * (routed / par.tp + (total - routed) / par.tp)
-        if index == 0:
-            params += model.vocab_size * model.hidden_size / par.tp
-        if index == par.pp - 1 and not (model.tie_word_embeddings and par.pp == 1):
-            params += model.vocab_size * model.hidden_size / par.tp
+        embed = model.vocab_size * model.hidden_size / par.tp
+        if par.balanced_stages:  # the compiler spreads embedding and LM head like the rest
+            params += embed * (1 if model.tie_word_embeddings else 2) / par.pp
+        else:
+            if index == 0:
+                params += embed
+            if index == par.pp - 1 and not (model.tie_word_embeddings and par.pp == 1):
+                params += embed
         out.append(params * wb)
     return out
 
@@ -104,7 +108,7 @@ def plan_memory(
     reserve = activation_reserve_bytes(
         model, par, precisions.activations, max_batched_tokens, max_seqs, runtime_reserve_gib
     )
-    layers_max = max(_split_layers(model.num_layers, par.pp))
+    layers_max = max(_split_layers(model.num_layers, par.pp, par.balanced_stages))
     kv_per_token = (
         layers_max * kv_elements_per_token_per_layer_device * bytes_per_element(precisions.kv_cache)
     )

@@ -12,6 +12,9 @@ class Parallelism:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    balanced_stages: bool = False
+    """Stages get an equal, possibly fractional, share of the layers (a compiler that
+    splits layers across chips, as on the LPU) instead of whole layers each (vLLM PP)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep"):

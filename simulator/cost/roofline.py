@@ -49,7 +49,7 @@ def op_time(device: DeviceProfile, precision: str, flops: float, nbytes: float,
         nbytes,
         device.peak_flops(precision),
         device.memory_bandwidth,
-        eff.eta_compute(flops),
+        eff.eta_compute(flops, precision),
         eff.eta_memory(nbytes),
         kernels * device.kernel_launch_us * 1e-6,
     )

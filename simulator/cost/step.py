@@ -94,8 +94,9 @@ class InstanceCostModel:
 
     def __post_init__(self) -> None:
         m, par = self.model, self.parallelism
-        if par.pp > m.num_layers:
-            raise ValueError(f"pp ({par.pp}) cannot exceed the model's {m.num_layers} layers")
+        if par.pp > m.num_layers and not par.balanced_stages:
+            raise ValueError(f"pp ({par.pp}) cannot exceed the model's {m.num_layers} layers "
+                             "(whole-layer stages)")
         if m.is_moe and m.num_experts % par.ep:
             raise ValueError(f"ep ({par.ep}) must divide the {m.num_experts} experts")
         if par.tp > 1 and self.links.tp is None:
@@ -104,7 +105,7 @@ class InstanceCostModel:
         self._ab = bytes_per_element(self.precisions.activations)
         self._kvb = bytes_per_element(self.precisions.kv_cache)
         self._cp = compute_precision(self.precisions.weights, self.precisions.activations)
-        self._stage_layers = _split_layers(m.num_layers, par.pp)
+        self._stage_layers = _split_layers(m.num_layers, par.pp, par.balanced_stages)
         self._stage_moe = _stage_moe_layers(m, self._stage_layers)
 
     # ----- per-device shapes -------------------------------------------------------
@@ -191,12 +192,21 @@ class InstanceCostModel:
         stages: list[float] = []
         total = _Acc()
         last = len(self._stage_layers) - 1
+        # Stages with the same layer mix cost the same: price each mix once per step.
+        by_mix: dict[tuple[float, float], _Acc] = {}
         for index, layers in enumerate(self._stage_layers):
-            acc = _Acc()
             moe_layers = self._stage_moe[index]
-            self._layers(acc, batch, layers - moe_layers, moe=False, decode_attention=decode_attention)
-            if moe_layers:
-                self._layers(acc, batch, moe_layers, moe=True, decode_attention=decode_attention)
+            mix = (layers, moe_layers)
+            body = by_mix.get(mix)
+            if body is None:
+                body = _Acc()
+                self._layers(body, batch, layers - moe_layers, moe=False,
+                             decode_attention=decode_attention)
+                if moe_layers:
+                    self._layers(body, batch, moe_layers, moe=True,
+                                 decode_attention=decode_attention)
+                by_mix[mix] = body
+            acc = _Acc(body.compute, body.memory, body.comm, body.launch)
             if index == last:
                 self._lm_head(acc, batch)
             if index < last and self.links.pp is not None:
@@ -231,7 +241,7 @@ class InstanceCostModel:
         t = op_time(self.device, self._cp, flops, nbytes, kernels)
         acc.add_op(t.compute_s, t.memory_s, t.launch_s, times)
 
-    def _layers(self, acc: _Acc, b: BatchShape, count: int, *, moe: bool,
+    def _layers(self, acc: _Acc, b: BatchShape, count: float, *, moe: bool,
                 decode_attention: bool = True) -> None:
         if count <= 0:
             return
@@ -257,7 +267,7 @@ class InstanceCostModel:
         if t > 1 and self.links.tp is not None:
             acc.comm += 2 * allreduce_time(tokens * h * self._ab, t, self.links.tp) * count
 
-    def _attention(self, acc: _Acc, b: BatchShape, count: int, decode: bool = True) -> None:
+    def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
         m, t = self.model, self.parallelism.tp
         heads = m.num_attention_heads / t
         kv_elems = self.kv_elements_per_token_per_layer_device()
@@ -276,7 +286,7 @@ class InstanceCostModel:
             op = op_time(self.device, self._cp, flops, nbytes)
             acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
 
-    def _moe(self, acc: _Acc, b: BatchShape, count: int) -> None:
+    def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism
         h, tokens = m.hidden_size, b.tokens
         expert_params = m.ffn_params(m.moe_intermediate_size) / par.expert_tp
@@ -308,16 +318,19 @@ class InstanceCostModel:
         self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1)
 
 
-def _split_layers(layers: int, pp: int) -> list[int]:
+def _split_layers(layers: int, pp: int, balanced: bool = False) -> list[float]:
+    """Layers per stage: whole layers (earlier stages take the remainder), or equal shares."""
+    if balanced:
+        return [layers / pp] * pp
     base, extra = divmod(layers, pp)
-    return [base + (1 if i < extra else 0) for i in range(pp)]
+    return [float(base + (1 if i < extra else 0)) for i in range(pp)]
 
 
-def _stage_moe_layers(model: ModelConfig, stage_layers: list[int]) -> list[int]:
-    out, start = [], 0
+def _stage_moe_layers(model: ModelConfig, stage_layers: list[float]) -> list[float]:
+    out, start = [], 0.0
     for n in stage_layers:
         end = start + n
-        dense = max(0, min(end, model.first_dense_layers) - start) if model.is_moe else n
+        dense = max(0.0, min(end, model.first_dense_layers) - start) if model.is_moe else n
         out.append(n - dense)
         start = end
     return out

@@ -46,6 +46,9 @@ class TransferPath:
     profile: LinkProfile
     streams: int
     conversion_s_per_byte: float = 0.0
+    conversion_s_per_token: float = 0.0
+    extra_latency_s: float = 0.0
+    """Latency of the route's other hops (host links on a GPU -> LPU path)."""
 
 
 @dataclass
@@ -139,8 +142,10 @@ class Cluster:
         assert self.transfer.path is not None
         path = self.transfer.path(src.index, dst.index)
         link = self._link(path)
-        if path.conversion_s_per_byte:
-            yield env.timeout(path.conversion_s_per_byte * nbytes)
+        convert = (path.conversion_s_per_byte * nbytes
+                   + path.conversion_s_per_token * req.prompt_tokens + path.extra_latency_s)
+        if convert:
+            yield env.timeout(convert)
         if self.transfer.mode == "layerwise":
             # Each layer's KV streams out as soon as that layer is computed, so while the
             # prefill ran the link could already carry up to (L-1)/L of the bytes; only

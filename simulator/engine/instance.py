@@ -288,6 +288,8 @@ class Instance:
         for r in decodes:
             if r.decode_start_s != r.decode_start_s:
                 r.decode_start_s = start
+            if r.generated == 1 and r.second_token_s != r.second_token_s:
+                r.second_token_s = float(ends[0])
             r.generated += done
         for r in decodes:
             if r.done:
@@ -423,6 +425,8 @@ class Instance:
             if req.decode_start_s != req.decode_start_s:  # NaN: its first decode step
                 req.decode_start_s = start
             req.generated += 1
+            if req.generated == 2 and req.second_token_s != req.second_token_s:
+                req.second_token_s = now
             if req.done:
                 self._complete(req)
         for req, n in batch.chunks:

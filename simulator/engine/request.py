@@ -33,6 +33,7 @@ class Request:
         "preemptions",
         "prompt_tokens",
         "reason",
+        "second_token_s",
         "src_blocks",
         "status",
         "transfer_end_s",
@@ -68,6 +69,7 @@ class Request:
         self.transfer_end_s = NAN
         self.decode_admit_s = NAN
         self.decode_start_s = NAN
+        self.second_token_s = NAN
         self.completion_s = NAN
 
     @property

@@ -49,9 +49,28 @@ class Efficiency(_Frozen):
     memory_curve: EfficiencyCurve | None = Field(
         None, description="Optional shape-dependent memory efficiency; overrides `memory`."
     )
+    compute_by_precision: dict[Precision, float] | None = Field(
+        None, description=(
+            "Large-GEMM fraction of peak FLOP/s per precision, where it differs from `compute` "
+            "(FP8/FP4 GEMMs reach a lower share of their higher peak than BF16). A listed "
+            "precision replaces `compute` (and the curve's eta_max) for work at it."))
     calibrated_on: str = Field(description="The kernel-level data these factors came from.")
 
-    def eta_compute(self, flops: float) -> float:
+    @model_validator(mode="after")
+    def _fractions(self) -> Efficiency:
+        for precision, eta in (self.compute_by_precision or {}).items():
+            if not 0 < eta <= 1:
+                raise ValueError(f"compute_by_precision.{precision} must be in (0, 1], got {eta}")
+        return self
+
+    def eta_compute(self, flops: float, precision: str | None = None) -> float:
+        """Compute efficiency of ``flops`` of work (``precision`` selects its peak share)."""
+        by_precision = self.compute_by_precision or {}
+        if precision in by_precision:
+            peak_share = by_precision[precision]  # type: ignore[index]
+            if self.compute_curve:
+                return peak_share * self.compute_curve.at(flops) / self.compute_curve.eta_max
+            return peak_share
         return self.compute_curve.at(flops) if self.compute_curve else self.compute
 
     def eta_memory(self, nbytes: float) -> float:

@@ -34,6 +34,7 @@ def add_latency_columns(requests: pd.DataFrame) -> pd.DataFrame:
     out["decode_queue_s"] = df["decode_start_s"] - df["transfer_end_s"].where(
         df["transfer_end_s"].notna(), df["first_token_s"])
     out["decode_s"] = df["completion_s"] - df["decode_start_s"]
+    out["first_to_second_token_s"] = df["second_token_s"] - df["first_token_s"]
     return out
 
 
@@ -140,6 +141,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     summary.update(_stats("ttft", done["ttft_s"]))
     summary.update(_stats("tpot", done["tpot_s"]))
     summary.update(_stats("e2e", done["e2e_s"]))
+    # What one user sees while tokens stream: 1 / TPOT, averaged over requests.
+    tpot = done["tpot_s"].dropna()
+    summary["per_user_tokens_per_s_mean"] = float((1.0 / tpot[tpot > 0]).mean()) if len(tpot) else float("nan")
     # ITL: every decode step gives one inter-token gap to each sequence it advances.
     if len(steps):
         durations = itl_gaps(steps)

@@ -138,6 +138,104 @@ def memory_error(model: ModelConfig, dev: DeviceProfile, par: Parallelism, mem: 
     )
 
 
+@dataclass(frozen=True)
+class _Resolved:
+    """A pool with its profiles looked up and its parallelism made concrete."""
+
+    pool: PoolSpec
+    key: str
+    device: DeviceProfile
+    engine: ServingEngineProfile
+    precisions: Precisions
+    par: Parallelism
+    block: int
+    util: float
+
+
+def _plan_for(model: ModelConfig, r: _Resolved, par: Parallelism) -> MemoryPlan:
+    sched = r.pool.scheduler
+    probe = InstanceCostModel(model, r.device, par, r.precisions, _probe_links(par))
+    return plan_memory(
+        model, r.device, par, r.precisions, memory_utilization=r.util, block_size=r.block,
+        max_batched_tokens=sched.max_num_batched_tokens, max_seqs=sched.max_num_seqs,
+        runtime_reserve_gib=r.engine.runtime_reserve_gib,
+        kv_elements_per_token_per_layer_device=probe.kv_elements_per_token_per_layer_device(),
+    )
+
+
+def _probe_links(par: Parallelism) -> LinkSet:
+    ideal = load_link("ideal")
+    return LinkSet(tp=ideal if par.tp > 1 else None, pp=ideal if par.pp > 1 else None,
+                   ep=ideal if par.ep > 1 else None)
+
+
+def smallest_pp(model: ModelConfig, r: _Resolved, kv_tokens: int) -> tuple[int, MemoryPlan] | None:
+    """Fewest pipeline stages whose devices hold the weights and ``kv_tokens`` of KV."""
+    tp, ep = r.par.tp, r.par.ep
+    per_device = r.device.memory_bytes * r.util
+    lower = max(1, int(model.weight_bytes(r.precisions.weights) // (per_device * tp)))
+    # Whole-layer stages stop at one layer per stage; balanced stages may split layers.
+    most = model.num_layers * (8 if r.par.balanced_stages else 1)
+    for pp in range(min(lower, most), most + 1):
+        par = Parallelism(tp, pp, ep, r.par.balanced_stages)
+        mem = _plan_for(model, r, par)
+        if mem.weight_bytes + mem.activation_bytes < mem.usable_bytes and \
+                mem.kv_capacity_tokens >= kv_tokens:
+            return pp, mem
+    return None
+
+
+def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineProfile,
+             file: str | None) -> list[_Resolved]:
+    out = []
+    for i, pool in enumerate(scenario.cluster.pools):
+        key = f"cluster.pools[{i}]"
+        try:
+            dev = load_device(pool.device)
+        except ConfigError as exc:
+            raise _keyed(exc, file, f"{key}.device") from None
+        engine = base_engine
+        if pool.engine is not None:
+            try:
+                engine = load_engine(pool.engine)
+            except ConfigError as exc:
+                raise _keyed(exc, file, f"{key}.engine") from None
+        prec = pool.precision or scenario.precision
+        precisions = Precisions(prec.weights, prec.activations, prec.kv_cache)
+        ps = pool.parallelism
+        try:
+            par = Parallelism(ps.tp, 1 if ps.pp == "auto" else ps.pp, ps.ep,
+                              ps.layer_split == "balanced")
+        except ValueError as exc:
+            raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
+        sched = pool.scheduler
+        r = _Resolved(pool, key, dev, engine, precisions, par,
+                      sched.block_size or engine.block_size,
+                      sched.memory_utilization or engine.memory_utilization)
+        if ps.pp == "auto" or pool.kv_budget_tokens is not None:
+            budget = pool.kv_budget_tokens or 0
+            found = smallest_pp(model, r, budget)
+            if found is None:
+                most = model.num_layers * (8 if r.par.balanced_stages else 1)
+                raise MemoryFitError(
+                    f"{model.name} with {budget} KV tokens does not fit on {dev.name} even "
+                    f"with tp={ps.tp} x pp={most} ({ps.tp * most} devices); raise tp, use "
+                    f"lower precision, or lower kv_budget_tokens", file=file,
+                    key=f"{key}.parallelism")
+            need_pp, _ = found
+            if ps.pp == "auto":
+                par = Parallelism(ps.tp, need_pp, ps.ep, r.par.balanced_stages)
+            elif ps.pp < need_pp:
+                raise MemoryFitError(
+                    f"{model.name} with {budget} KV tokens needs at least tp={ps.tp} x "
+                    f"pp={need_pp} = {ps.tp * need_pp} {dev.name} devices per instance, "
+                    f"given {ps.tp} x {ps.pp} = {ps.tp * ps.pp}; raise pp (or set pp: auto)",
+                    file=file, key=f"{key}.parallelism.pp")
+            r = _Resolved(pool, key, dev, engine, precisions, par, r.block, r.util)
+        out.append(r)
+    return out
+
+
 def build_plan(scenario: Scenario, base_dir: Path | None = None,
                file: str | None = None) -> ClusterPlan:
     base_dir = base_dir or Path.cwd()
@@ -150,47 +248,22 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         base_engine = load_engine(scenario.engine)
     except ConfigError as exc:
         raise _keyed(exc, file, "engine") from None
-    prec = scenario.precision
-    precisions = Precisions(prec.weights, prec.activations, prec.kv_cache)
     try:
         max_prompt = _max_prompt(scenario, base_dir)
     except ConfigError as exc:
         raise _keyed(exc, file, "workload.arrival.path") from None
 
-    devices: list[DeviceProfile] = []
-    groups = []
-    for i, pool in enumerate(scenario.cluster.pools):
-        key = f"cluster.pools[{i}]"
-        try:
-            dev = load_device(pool.device)
-        except ConfigError as exc:
-            raise _keyed(exc, file, f"{key}.device") from None
-        devices.append(dev)
-        p = pool.parallelism
-        groups.append((pool.name, dev, pool.instances, p.tp * p.pp))
-    spread = {pool.name: pool.placement.nodes_per_instance
-              for pool in scenario.cluster.pools if pool.placement.nodes_per_instance}
+    resolved = _resolve(scenario, model, base_engine, file)
+    groups = [(r.pool.name, r.device, r.pool.instances, r.par.devices) for r in resolved]
+    spread = {r.pool.name: r.pool.placement.nodes_per_instance
+              for r in resolved if r.pool.placement.nodes_per_instance}
     placements = place(groups, spread)
 
     pools: list[PoolPlan] = []
     instances: list[InstanceSpec] = []
     cursor = 0
-    for i, (pool, dev) in enumerate(zip(scenario.cluster.pools, devices, strict=True)):
-        key = f"cluster.pools[{i}]"
-        ps = pool.parallelism
-        try:
-            par = Parallelism(ps.tp, ps.pp, ps.ep)
-        except ValueError as exc:
-            raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
-        sched = pool.scheduler
-        engine = base_engine
-        if pool.engine is not None:
-            try:
-                engine = load_engine(pool.engine)
-            except ConfigError as exc:
-                raise _keyed(exc, file, f"{key}.engine") from None
-        block = sched.block_size or engine.block_size
-        util = sched.memory_utilization or engine.memory_utilization
+    for r in resolved:
+        pool, dev, par, engine, key = r.pool, r.device, r.par, r.engine, r.key
         pool_places = placements[cursor: cursor + pool.instances]
         cursor += pool.instances
         costs: list[InstanceCostModel] = []
@@ -198,7 +271,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
             links = instance_links(place_, par, file, key)
             try:
                 costs.append(InstanceCostModel(
-                    model, dev, par, precisions, links,
+                    model, dev, par, r.precisions, links,
                     step_overhead_s=engine.step_overhead_us * 1e-6,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
@@ -206,15 +279,9 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
-        kv_elems = costs[0].kv_elements_per_token_per_layer_device()
-        mem = plan_memory(
-            model, dev, par, precisions, memory_utilization=util, block_size=block,
-            max_batched_tokens=sched.max_num_batched_tokens, max_seqs=sched.max_num_seqs,
-            runtime_reserve_gib=engine.runtime_reserve_gib,
-            kv_elements_per_token_per_layer_device=kv_elems,
-        )
+        mem = _plan_for(model, r, par)
         if mem.weight_bytes + mem.activation_bytes >= mem.usable_bytes:
-            raise MemoryFitError(memory_error(model, dev, par, mem, prec.weights, util),
+            raise MemoryFitError(memory_error(model, dev, par, mem, r.precisions.weights, r.util),
                                  file=file, key=f"{key}.parallelism")
         if mem.kv_capacity_blocks < 1:
             raise MemoryFitError(
@@ -223,46 +290,58 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 f"use a larger device", file=file, key=f"{key}.parallelism")
         if max_prompt is not None and pool.role != "prefill" and max_prompt + 1 > mem.kv_capacity_tokens:
             raise MemoryFitError(
-                f"pool {pool.name!r} holds {mem.kv_capacity_tokens} KV tokens per instance, "
-                f"less than the longest prompt ({max_prompt} tokens); raise tp/pp, use fp8 "
-                f"KV, or shorten prompts", file=file, key=f"{key}.parallelism")
-        kv_bytes_token = model.kv_bytes_per_token(prec.kv_cache)
+                f"pool {pool.name!r} holds {mem.kv_capacity_tokens} KV tokens per instance "
+                f"on {dev.name}, less than the longest prompt ({max_prompt} tokens); raise "
+                f"tp/pp, use fp8 KV, or shorten prompts", file=file, key=f"{key}.parallelism")
+        kv_bytes_token = model.kv_bytes_per_token(r.precisions.kv_cache)
         for j, cost in enumerate(costs):
             instances.append(InstanceSpec(
                 name=f"{pool.name}/{j}", pool=pool.name, role=pool.role, cost=cost,
-                kv_blocks=mem.kv_capacity_blocks, block_size=block, scheduler=sched,
+                kv_blocks=mem.kv_capacity_blocks, block_size=r.block, scheduler=pool.scheduler,
                 kv_bytes_per_token=kv_bytes_token,
             ))
         pools.append(PoolPlan(pool, dev, par, mem, pool_places, costs))
 
     kv = scenario.cluster.kv_transfer
-    if kv.link is not None:
-        _link(kv.link, file, "cluster.kv_transfer.link")
+    for link_key, name in (("link", kv.link), ("network", kv.network)):
+        if name is not None:
+            _link(name, file, f"cluster.kv_transfer.{link_key}")
     return ClusterPlan(scenario, model, base_engine, pools, instances, placements, base_dir, file)
 
 
 def _transfer_path(plan: ClusterPlan, src: int, dst: int) -> TransferPath:
+    """The route of a KV hand-off, from where the two instances sit.
+
+    Same device kind on one node: the scale-up link. Same kind across nodes: the slower
+    of the two scale-out links. Different kinds (GPU -> LPU): out through the source's
+    host link, across the network (`kv_transfer.network`, default 100 GbE), in through
+    the destination's host link; the slowest hop sets the rate, every hop adds latency.
+    """
     a, b = plan.placements[src], plan.placements[dst]
     par_a = plan.instances[src].cost.parallelism
     par_b = plan.instances[dst].cost.parallelism
     streams = max(1, min(par_a.tp, par_b.tp))
     kv = plan.scenario.cluster.kv_transfer
-    conversion = kv.conversion_us_per_mb * 1e-6 / 1e6
+    conversion = kv.conversion_us_per_mb * 1e-12
+    per_token = kv.conversion_us_per_token * 1e-6
+    name = plan.instances[src].name
     if kv.link is not None:
         profile = load_link(kv.link)
-        return TransferPath(f"{kv.link}:{plan.instances[src].name}", profile, streams, conversion)
-    same_kind = a.device.name == b.device.name
-    if same_kind and set(a.nodes) == set(b.nodes) and len(a.nodes) == 1 and a.device.scale_up_link:
-        profile = load_link(a.device.scale_up_link)
-        return TransferPath(f"{profile.name}:node{a.nodes[0]}:{plan.instances[src].name}",
-                            profile, streams, conversion)
-    names = [n for n in (a.device.scale_out_link, b.device.scale_out_link) if n]
-    if not names:
-        names = [n for n in (a.device.host_link, b.device.host_link) if n]
-    if not names:
-        raise ConfigError(f"no network link between {a.device.name} and {b.device.name}",
-                          file=plan.file, key="cluster.kv_transfer.link")
-    profiles = [load_link(n) for n in names]
+        return TransferPath(f"{kv.link}:{name}", profile, streams, conversion, per_token)
+    if a.device.name == b.device.name:
+        if set(a.nodes) == set(b.nodes) and len(a.nodes) == 1 and a.device.scale_up_link:
+            profile = load_link(a.device.scale_up_link)
+            return TransferPath(f"{profile.name}:node{a.nodes[0]}:{name}", profile, streams,
+                                conversion, per_token)
+        names = [n for n in (a.device.scale_out_link, b.device.scale_out_link) if n]
+        if names:
+            slowest = min((load_link(n) for n in names), key=lambda p: p.effective_bandwidth)
+            return TransferPath(f"{slowest.name}:{name}", slowest, streams, conversion,
+                                per_token)
+    hops = [n for n in (a.device.host_link, kv.network or "ethernet-100g", b.device.host_link) if n]
+    profiles = [load_link(n) for n in hops]
     slowest = min(profiles, key=lambda p: p.effective_bandwidth)
-    return TransferPath(f"{slowest.name}:{plan.instances[src].name}", slowest, streams, conversion)
-
+    extra_us = sum(p.latency_us + p.per_transfer_overhead_us for p in profiles) - (
+        slowest.latency_us + slowest.per_transfer_overhead_us)
+    return TransferPath(f"{'+'.join(hops)}:{name}", slowest, streams, conversion, per_token,
+                        extra_latency_s=extra_us * 1e-6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +41,9 @@ class RunResult:
         return out
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{k}</td><td>{_fmt(v)}</td></tr>" for k, v in self.summary.items()
-        )
-        return (f"<b>RunResult</b> {self.scenario.name}: {len(self.requests)} requests, "
-                f"{len(self.steps)} steps<table>{rows}</table>")
+        """Notebook view: a latency matrix (ms) and the other summary figures."""
+        return _summary_html(self.scenario.name, self.scenario.seed, len(self.requests),
+                             len(self.steps), self.summary)
 
     def __repr__(self) -> str:
         s = self.summary
@@ -55,6 +54,31 @@ class RunResult:
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+_LATENCIES = ("ttft", "tpot", "itl", "e2e")
+_STATS = ("mean", "p50", "p90", "p99")
+
+
+def _summary_html(name: str, seed: int, n_requests: int, n_steps: int,
+                  summary: dict[str, Any]) -> str:
+    esc = html.escape
+    latency_keys = {f"{m}_{s}_s" for m in _LATENCIES for s in _STATS}
+    head = "".join(f"<th>{s}</th>" for s in _STATS)
+    lat_rows = "".join(
+        f"<tr><th>{m.upper()}</th>"
+        + "".join(f"<td>{_fmt(summary[f'{m}_{s}_s'] * 1e3)}</td>"
+                  if isinstance(summary.get(f"{m}_{s}_s"), float) else "<td>-</td>"
+                  for s in _STATS) + "</tr>"
+        for m in _LATENCIES if any(f"{m}_{s}_s" in summary for s in _STATS))
+    other = "".join(f"<tr><th>{esc(str(k))}</th><td>{esc(_fmt(v))}</td></tr>"
+                    for k, v in summary.items() if k not in latency_keys)
+    cell = "vertical-align:top;padding-right:2em"
+    return (f"<div><b>RunResult</b> {esc(name)} (seed {seed}): {n_requests} requests, "
+            f"{n_steps} step rows"
+            f"<table><tr><td style='{cell}'><table><tr><th>latency (ms)</th>{head}</tr>"
+            f"{lat_rows}</table></td><td style='{cell}'><table>{other}</table></td></tr>"
+            f"</table></div>")
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -16,11 +16,18 @@ class Spec(BaseModel):
 
 class ParallelismSpec(Spec):
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (devices per stage).")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel stages.")
+    pp: int | Literal["auto"] = Field(1, description=(
+        "Pipeline-parallel stages, or `auto`: the fewest stages whose devices hold the "
+        "weights and the pool's `kv_budget_tokens` (SRAM accelerators size this way)."))
     ep: int = Field(1, ge=1, description="Expert-parallel degree within a stage (divides tp).")
+    layer_split: Literal["whole_layers", "balanced"] = Field("whole_layers", description=(
+        "`whole_layers`: each stage runs whole layers (vLLM PP); `balanced`: equal, "
+        "possibly fractional shares, as a compiler that splits layers across chips does."))
 
     @model_validator(mode="after")
     def _ep_divides_tp(self) -> ParallelismSpec:
+        if isinstance(self.pp, int) and self.pp < 1:
+            raise ValueError(f"pp must be >= 1 or 'auto', got {self.pp}")
         if self.tp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp})")
         return self
@@ -53,8 +60,20 @@ class PoolSpec(Spec):
                                      description="Where the pool's instances sit.")
     engine: str | None = Field(None, description=(
         "Serving-engine profile for this pool (default: the scenario's `engine`)."))
+    precision: PrecisionSpec | None = Field(None, description=(
+        "Precisions for this pool (default: the scenario's `precision`)."))
+    kv_budget_tokens: int | None = Field(None, gt=0, description=(
+        "KV tokens each instance must hold; with `parallelism.pp: auto` the stage count is "
+        "sized for it, with a given pp it is checked."))
     moe_imbalance: float = Field(1.0, ge=1.0, description=(
         "Tokens routed to the busiest expert device relative to a uniform split (MoE)."))
+
+    @model_validator(mode="after")
+    def _auto_needs_budget(self) -> PoolSpec:
+        if self.parallelism.pp == "auto" and self.kv_budget_tokens is None:
+            raise ValueError("parallelism.pp: auto needs kv_budget_tokens (the KV tokens "
+                             "each instance must hold)")
+        return self
 
 
 class KVTransferSpec(Spec):
@@ -65,6 +84,11 @@ class KVTransferSpec(Spec):
         "placement implies (NVLink inside a node, scale-out network across nodes)."))
     conversion_us_per_mb: float = Field(0.0, ge=0, description=(
         "Layout/precision conversion cost per MB of KV, microseconds."))
+    conversion_us_per_token: float = Field(0.0, ge=0, description=(
+        "Conversion cost per prompt token handed off, microseconds."))
+    network: str | None = Field(None, description=(
+        "Network link between different device kinds (GPU -> LPU), default `ethernet-100g`; "
+        "the route also crosses both devices' host links."))
 
 
 class ClusterSpec(Spec):

@@ -1,0 +1,179 @@
+"""`disagg-sim validate`, `calibrate` and `validate-serving`: the simulator against measurements."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from simulator.cli.app import app
+from simulator.cli.render import make_console
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}"
+
+
+def _error_table(frame: Any, title: str) -> Table:
+    table = Table(title=title)
+    for col in ("op", "device", "rows", "median APE %", "p90 APE %", "median error %"):
+        table.add_column(col, justify="left" if col in ("op", "device") else "right")
+    for r in frame.to_dict("records"):
+        table.add_row(r["op"], r["device"], str(r["count"]), _pct(r["median_ape_pct"]),
+                      _pct(r["p90_ape_pct"]), _pct(r["median_error_pct"]))
+    return table
+
+
+def _shape(row: dict[Any, Any]) -> str:
+    keys = ("m", "n", "k", "batch", "seq_len", "kv_len", "num_heads", "num_kv_heads", "head_dim",
+            "num_gpus", "message_bytes")
+    return " ".join(f"{k}={int(row[k])}" for k in keys
+                    if isinstance(row.get(k), float) and not math.isnan(row[k]) and row[k])
+
+
+def _worst_table(frame: Any, n: int) -> Table:
+    from simulator.validation.ops import worst_rows
+
+    table = Table(title=f"Worst {n} rows")
+    for col in ("line", "op", "device", "shape", "measured us", "predicted us", "error %", "bound"):
+        table.add_column(col, justify="right" if col in ("line", "measured us", "predicted us",
+                                                         "error %") else "left")
+    for r in worst_rows(frame, n).reset_index().to_dict("records"):
+        table.add_row(str(int(r["index"]) + 2), r["op"], r["device"], _shape(r),
+                      f"{r['measured_latency_us']:,.1f}", f"{r['predicted_latency_us']:,.1f}",
+                      f"{r['error'] * 100:+.1f}", str(r["bound"]))
+    return table
+
+
+@app.command()
+def validate(
+    ops: Annotated[Path, typer.Argument(help="Operator CSV (format: docs/VALIDATION.md).")],
+    calibration: Annotated[Path | None, typer.Option(help=(
+        "A <device>-calibration.yaml written by `calibrate`: predict with its profiles."))] = None,
+    out: Annotated[Path | None, typer.Option(help="Write every row with its prediction "
+                                                  "(CSV).")] = None,
+    worst: Annotated[int, typer.Option(min=0, help="How many worst rows to list.")] = 10,
+) -> None:
+    """Predict every operator in OPS with the cost model and report the errors."""
+    from simulator.validation.ops import error_table, predict, read_ops
+    from simulator.validation.profile_io import load_calibration
+
+    df = read_ops(ops)
+    hw = load_calibration(calibration) if calibration else None
+    pred = predict(df, hw)
+    console = make_console()
+    label = f" with {calibration.name}" if calibration else " (shipped profiles)"
+    console.print(_error_table(error_table(pred), f"{ops.name}: absolute percentage error{label}"))
+    if worst:
+        console.print(_worst_table(pred, worst))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pred.to_csv(out, index=False)
+        console.print(f"wrote {out}")
+
+
+@app.command()
+def calibrate(
+    ops: Annotated[Path, typer.Argument(help="Operator CSV (format: docs/VALIDATION.md).")],
+    device: Annotated[str, typer.Option(help="Device profile to fit (rows of other devices "
+                                             "are ignored).")],
+    out: Annotated[Path, typer.Option(help="Folder for the calibrated profiles and the "
+                                           "manifest.")] = Path("calibrated"),
+    holdout: Annotated[float, typer.Option(min=0.0, max=0.9, help=(
+        "Share of each (device, op) group held out of the fit and reported separately."))] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed of the hold-out split.")] = 0,
+) -> None:
+    """Fit DEVICE's efficiency factors and link terms to OPS; write a calibrated profile."""
+    import numpy as np
+
+    from simulator.validation.calibrate import calibrate as run_calibration
+    from simulator.validation.ops import read_ops, split_rows
+    from simulator.validation.profile_io import file_digest, write_calibration
+
+    df = read_ops(ops)
+    if holdout > 0:
+        train, held = split_rows(df, np.random.default_rng(seed), 1.0 - holdout)
+    else:
+        train, held = df, None
+    fitted_on = {
+        "file": ops.name, "sha256": file_digest(ops), "date": dt.date.today().isoformat(),
+        "rows_in_file": len(df), "holdout": holdout, "seed": seed,
+        "fitted_lines": [int(i) + 2 for i in train.index] if held is not None else "all",
+    }
+    cal = run_calibration(train, device, fitted_on, held)
+    paths = write_calibration(cal, out)
+    console = make_console()
+    _print_fit(console, cal)
+    for key, frame in cal.errors.items():
+        console.print(_error_table(frame, key.replace("_", " ")))
+    console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _print_fit(console: Console, cal: Any) -> None:
+    if cal.compute is not None:
+        c = cal.compute
+        etas = ", ".join(f"{p} {v:.3f}" for p, v in c.eta_by_precision.items())
+        console.print(f"compute efficiency: {etas}; half-efficiency work {c.half_flops:.3g} FLOP; "
+                      f"memory efficiency {c.eta_memory:.3f}; per-kernel overhead "
+                      f"{c.kernel_launch_us:.2f} us ({c.rows} rows)")
+    for name, link in cal.links.items():
+        console.print(f"{name}: base {link.collective_base_us:.2f} us, hop "
+                      f"{link.collective_hop_us:.2f} us, efficiency {link.efficiency:.3f}, "
+                      f"per-transfer overhead {link.per_transfer_overhead_us:.2f} us")
+    if cal.collective_groups:
+        table = Table(title="alpha-beta per collective and group size (what the data says)")
+        for col in ("op", "GPUs", "rows", "alpha us", "link GB/s", "median APE %"):
+            table.add_column(col, justify="left" if col == "op" else "right")
+        for g in cal.collective_groups:
+            bw = "-" if g["link_gb_per_s"] is None else f"{g['link_gb_per_s']:.1f}"
+            table.add_row(g["op"], str(g["num_gpus"]), str(g["rows"]), f"{g['alpha_us']:.2f}",
+                          bw, f"{g['median_ape_pct']:.1f}")
+        console.print(table)
+
+
+@app.command("validate-serving")
+def validate_serving(
+    results: Annotated[Path, typer.Argument(help="Serving-results CSV (format: "
+                                                 "docs/VALIDATION.md).")],
+    max_requests: Annotated[int | None, typer.Option(min=1, help=(
+        "Simulate at most this many requests per row (faster; throughput of an offline "
+        "run then includes more ramp-up and drain)."))] = None,
+    out: Annotated[Path | None, typer.Option(help="Write every row with its prediction "
+                                                  "(CSV).")] = None,
+) -> None:
+    """Simulate every published serving point in RESULTS and report the errors per row."""
+    from simulator.validation.serving import read_serving, serving_error_table, simulate_rows
+
+    df = read_serving(results)
+    pred = simulate_rows(df, file=str(results), max_requests=max_requests)
+    console = make_console()
+    table = Table(title=f"{results.name}: simulated vs measured")
+    for col in ("line", "model", "device", "TP", "engine", "ISL/OSL", "arrival", "requests",
+                "metric", "measured", "predicted", "error %"):
+        table.add_column(col, justify="right" if col in ("line", "TP", "requests", "measured",
+                                                         "predicted", "error %") else "left")
+    for r in pred.to_dict("records"):
+        table.add_row(str(r["row"] + 1), str(r["model"]), str(r["device"]), str(r["tp"]),
+                      r["engine"], f"{r['input_tokens']}/{r['output_tokens']}", r["arrival"],
+                      str(r["simulated_requests"]), r["metric"], f"{r['measured']:,.4g}",
+                      f"{r['predicted']:,.4g}", f"{r['error'] * 100:+.1f}")
+    console.print(table)
+    summary = Table(title="Absolute percentage error")
+    for col in ("metric", "engine", "device", "rows", "median APE %", "p90 APE %",
+                "median error %"):
+        left = col in ("metric", "engine", "device")
+        summary.add_column(col, justify="left" if left else "right")
+    for r in serving_error_table(pred).to_dict("records"):
+        summary.add_row(r["metric"], r["engine"], r["device"], str(r["count"]),
+                        _pct(r["median_ape_pct"]), _pct(r["p90_ape_pct"]),
+                        _pct(r["median_error_pct"]))
+    console.print(summary)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pred.to_csv(out, index=False)
+        console.print(f"wrote {out}")
