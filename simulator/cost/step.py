@@ -107,6 +107,7 @@ class InstanceCostModel:
         self._cp = compute_precision(self.precisions.weights, self.precisions.activations)
         self._stage_layers = _split_layers(m.num_layers, par.pp, par.balanced_stages)
         self._stage_moe = _stage_moe_layers(m, self._stage_layers)
+        self._decode_base: dict[int, StepCost] = {}
 
     # ----- per-device shapes -------------------------------------------------------
     @property
@@ -148,25 +149,32 @@ class InstanceCostModel:
         """
         if self.parallelism.pp != 1:
             raise ValueError("decode_series prices single-stage instances only")
-        base = self._step(BatchShape.decode(seqs, 0), decode_attention=False)
+        base = self._decode_base.get(seqs)
+        if base is None:  # everything but attention depends on the batch size alone
+            base = self._step(BatchShape.decode(seqs, 0), decode_attention=False)
+            self._decode_base[seqs] = base
         ctx = np.asarray(ctx_sums, dtype=float)
-        m = self.model
+        layers = self.model.num_layers
         flops, nbytes = self._decode_attention_work(seqs, ctx)
         dev = self.device
         eff = dev.efficiency
-        peak = dev.peak_flops(self._cp)
-        compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops)), 0.0)
-        memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
-        layers = m.num_layers
+        if eff.compute_curve is None and eff.memory_curve is None:
+            # Constant efficiencies: both terms are affine in ctx, one division each.
+            compute = flops * (1.0 / (dev.peak_flops(self._cp) * eff.eta_compute(1.0, self._cp)))
+            memory = nbytes * (1.0 / (dev.memory_bandwidth * eff.memory))
+        else:
+            peak = dev.peak_flops(self._cp)
+            compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops, self._cp)), 0.0)
+            memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
         launch = dev.kernel_launch_us * 1e-6 * self.graph_launch_factor * layers
         is_compute = compute >= memory
-        attn = np.maximum(compute, memory) * layers
-        seconds = base.seconds + attn + launch
+        seconds = base.seconds + np.maximum(compute, memory) * layers + launch
         comp = base.compute_s + np.where(is_compute, compute * layers, 0.0)
         mem = base.memory_s + np.where(is_compute, 0.0, memory * layers)
-        comm = np.full_like(comp, base.communication_s)
-        over = np.full_like(comp, base.overhead_s + launch)
-        bound = np.argmax(np.stack([comp, mem, comm, over]), axis=0)
+        over = base.overhead_s + launch
+        bound = np.where(mem >= comp, 1, 0)
+        bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
+        bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
         return seconds, bound
 
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:

@@ -92,6 +92,7 @@ class Instance:
         self.speed_factor = 1.0  # > 1 slows every step (a straggler); set by fault injection
         self._wake: simpy.Event | None = None
         self._jumping = False
+        self._jump_kv: list[Any] | None = None  # [step ends, cumulative extra blocks, committed]
         self._stage_free = [0.0] * self.pp
         self.process = env.process(self._run())
 
@@ -102,7 +103,24 @@ class Instance:
 
     @property
     def kv_load(self) -> float:
+        self._sync_jump_kv()
         return self.kv.used / self.kv.total if self.kv.total else 1.0
+
+    def _sync_jump_kv(self) -> None:
+        """During a jump, book the KV growth of the steps that have started by now.
+
+        Step-by-step simulation allocates a step's blocks when the step starts; a jump
+        books them lazily, so anyone reading this instance's KV first brings it up to date.
+        """
+        state = self._jump_kv
+        if state is None:
+            return
+        ends, extra, committed = state
+        j = min(int(np.searchsorted(ends, self.env.now, side="right")), len(extra) - 1)
+        target = int(extra[j])
+        if target > committed:
+            self.kv.allocate(target - committed)
+            state[2] = target
 
     # ----- inputs ----------------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -112,6 +130,7 @@ class Instance:
         self.wake()
 
     def can_reserve(self, req: Request) -> bool:
+        self._sync_jump_kv()
         if len(self.running) + self.reserved >= self.max_running:
             return False
         return self.kv.can_allocate(self.kv.blocks_for(req.context_tokens + 1))
@@ -124,6 +143,9 @@ class Instance:
         self.kv.allocate(need)
         req.blocks = need
         self.reserved += 1
+        if self._jumping:  # less KV for the steps ahead: re-plan at the next boundary
+            self._jumping = False
+            self.process.interrupt("cut")
         return True
 
     def admit_transferred(self, req: Request) -> None:
@@ -220,35 +242,37 @@ class Instance:
             yield env.timeout(first_stage_done - start)
 
     # ----- decode fast-forward -------------------------------------------------------
-    def _plan_jump(self, decodes: list[Request]) -> tuple[int, np.ndarray, np.ndarray] | None:
+    def _plan_jump(self, decodes: list[Request]) -> tuple[int, np.ndarray, np.ndarray, Any] | None:
         """Steps this decode-only batch can run unchanged, with their costs and bounds."""
         if len(decodes) != len(self.running) or self.speed_factor != 1.0:
             return None
-        remaining = min(r.output_tokens - r.generated for r in decodes)
+        remaining = min([r.output_tokens - r.generated for r in decodes])
         if remaining < _MIN_JUMP:
             return None
-        ctx = np.fromiter((r.context_tokens for r in decodes), dtype=np.int64, count=len(decodes))
-        held = np.fromiter((r.blocks for r in decodes), dtype=np.int64, count=len(decodes))
+        n = len(decodes)
+        ctx = np.array([r.prompt_tokens + r.generated for r in decodes], dtype=np.int64)
+        held = np.array([r.blocks for r in decodes], dtype=np.int64)
         bs = self.kv.block_size
-        # Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs.
-        # Blocks are allocated in the current step already (held >= ceil(ctx / bs)).
-        steps = np.arange(remaining)
+        # Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs;
+        # step 0's blocks were allocated when the batch was formed.
+        steps = np.arange(remaining, dtype=np.int64)
         need = -(-(ctx[None, :] + steps[:, None]) // bs) - held[None, :]
         extra = np.maximum(need, 0).sum(axis=1)
         fits = extra <= self.kv.free
-        k = int(remaining if fits.all() else np.argmin(fits))
+        k = int(remaining if fits[-1] else np.argmin(fits))
         if k < _MIN_JUMP:
             return None
-        ctx_sums = ctx.sum() + len(decodes) * steps[:k]
-        seconds, bounds = self.cost.decode_series(len(decodes), ctx_sums)
-        return k, seconds, bounds
+        ctx_sums = int(ctx.sum()) + n * steps[:k]
+        seconds, bounds = self.cost.decode_series(n, ctx_sums)
+        return k, seconds, bounds, (ctx, held, extra[:k])
 
     def _jump(self, decodes: list[Request], k: int, seconds: np.ndarray,
-              bounds: np.ndarray) -> Generator[simpy.Event, Any, None]:
+              bounds: np.ndarray, kv: Any) -> Generator[simpy.Event, Any, None]:
         env = self.env
         start = env.now
         ends = np.cumsum(np.concatenate(([start], seconds)))[1:]
         self._jumping = True
+        self._jump_kv = [ends, kv[2], 0]
         done = k
         try:
             yield env.timeout(float(ends[-1]) - start)
@@ -259,42 +283,42 @@ class Instance:
                 yield env.timeout(float(ends[done - 1]) - env.now)
         finally:
             self._jumping = False
-        self._apply_jump(decodes, done, start, ends, seconds, bounds)
+        committed = self._jump_kv[2]
+        self._jump_kv = None
+        self._apply_jump(decodes, done, start, ends, seconds, bounds, kv, committed)
 
     def _apply_jump(self, decodes: list[Request], done: int, start: float, ends: np.ndarray,
-                    seconds: np.ndarray, bounds: np.ndarray) -> None:
+                    seconds: np.ndarray, bounds: np.ndarray, kv: Any, committed: int) -> None:
+        ctx, held, extra = kv
         bs = self.kv.block_size
         starts = np.concatenate(([start], ends[: done - 1]))
         n = len(decodes)
-        ctx0 = sum(r.context_tokens for r in decodes)
-        kv_used = np.empty(done, dtype=np.int64)
-        used = self.kv.used
-        blocks = [r.blocks for r in decodes]
-        for j in range(done):
-            for i, r in enumerate(decodes):
-                need = -(-(r.context_tokens + j) // bs)
-                if need > blocks[i]:
-                    used += need - blocks[i]
-                    blocks[i] = need
-            kv_used[j] = used
-        self.kv.allocate(used - self.kv.used)
-        for r, b in zip(decodes, blocks, strict=True):
-            r.blocks = b
+        kv_used = self.kv.used - committed + extra[:done]
+        rest = int(extra[done - 1]) - committed
+        if rest >= 0:
+            self.kv.allocate(rest)
+        else:  # a reader booked the step that starts exactly at the cut: give it back
+            self.kv.release(-rest)
+        blocks = np.maximum(held, -(-(ctx + done - 1) // bs)).tolist()
         self.recorder.steps_bulk(
-            self.index, starts, seconds[:done], n, ctx0 + n * np.arange(done), kv_used,
-            self.kv.total, len(self.waiting), len(self.running), bounds[:done],
+            self.index, starts, seconds[:done], n, int(ctx.sum()) + n * np.arange(done),
+            kv_used, self.kv.total, len(self.waiting), len(self.running), bounds[:done],
         )
         self.busy_s += float(seconds[:done].sum())
-        for r in decodes:
+        second = float(ends[0])
+        finished = []
+        for r, b in zip(decodes, blocks, strict=True):
+            r.blocks = b
             if r.decode_start_s != r.decode_start_s:
                 r.decode_start_s = start
             if r.generated == 1 and r.second_token_s != r.second_token_s:
-                r.second_token_s = float(ends[0])
+                r.second_token_s = second
             r.generated += done
-        for r in decodes:
-            if r.done:
-                r.generated = r.output_tokens
-                self._complete(r)
+            if r.generated >= r.output_tokens:
+                finished.append(r)
+        for r in finished:
+            r.generated = r.output_tokens
+            self._complete(r)
 
     # ----- scheduling ------------------------------------------------------------------
     def _schedule(self) -> Batch | None:

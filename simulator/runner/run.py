@@ -83,7 +83,9 @@ class Simulation:
         summary.update(cost_summary(plan, summary))
         events = pd.DataFrame(recorder.events, columns=["time_s", "kind", "detail"])
         wall = time.perf_counter() - wall0
-        return RunResult(sc, requests, steps, transfers, summary, events, wall)
+        # SimPy numbers every scheduled event from one per-environment counter.
+        sim_events = next(env._eid)  # noqa: SLF001
+        return RunResult(sc, requests, steps, transfers, summary, events, wall, sim_events)
 
 
 def _admissible_tokens(cluster: Cluster) -> int:
