@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,6 +46,15 @@ class StepCost:
     @property
     def slowest_stage_s(self) -> float:
         return max(self.stage_seconds)
+
+
+class DecodeSeries(NamedTuple):
+    """Consecutive decode steps: seconds, bound codes, compute and memory seconds."""
+
+    seconds: np.ndarray
+    bound: np.ndarray
+    compute_s: np.ndarray
+    memory_s: np.ndarray
 
 
 @dataclass(slots=True)
@@ -139,7 +148,7 @@ class InstanceCostModel:
     def step(self, batch: BatchShape) -> StepCost:
         return self._step(batch, decode_attention=True)
 
-    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
         """Seconds and bound codes of consecutive decode-only steps of ``seqs`` sequences.
 
         ``ctx_sums[j]`` is the batch's total context at step ``j``. Equals ``step()`` of
@@ -175,7 +184,7 @@ class InstanceCostModel:
         bound = np.where(mem >= comp, 1, 0)
         bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
         bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
-        return seconds, bound
+        return DecodeSeries(seconds, bound, comp, mem)
 
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         """FLOPs and bytes of one layer's decode attention on one device."""

@@ -30,7 +30,7 @@ import numpy as np
 import simpy
 
 from simulator.cost.batch import BatchShape
-from simulator.cost.step import InstanceCostModel
+from simulator.cost.step import InstanceCostModel, StepCost
 from simulator.engine.config import SchedulerSpec
 from simulator.engine.kv import BlockManager
 from simulator.engine.recorder import BOUNDS
@@ -195,17 +195,18 @@ class Instance:
             if self.pp == 1:
                 seconds = step.seconds * self.speed_factor
                 yield env.timeout(seconds)
-                self._record(start, seconds, shape, step.bound)
+                self._record(start, seconds, shape, step)
                 self._finish(batch, start)
                 continue
-            yield from self._pipeline(batch, shape, step.stage_seconds,
-                                      step.seconds - sum(step.stage_seconds), step.bound)
+            yield from self._pipeline(batch, shape, step)
 
     # ----- pipeline parallel ---------------------------------------------------------
-    def _pipeline(self, batch: Batch, shape: BatchShape, stages: tuple[float, ...],
-                  host_s: float, bound: str) -> Generator[simpy.Event, Any, None]:
+    def _pipeline(self, batch: Batch, shape: BatchShape,
+                  step: StepCost) -> Generator[simpy.Event, Any, None]:
         """Send ``batch`` through the stages; come back when stage 0 can take the next."""
         env = self.env
+        stages = step.stage_seconds
+        host_s = step.seconds - sum(stages)
         start = env.now
         for req, _ in batch.chunks:
             req.in_flight = True
@@ -228,7 +229,7 @@ class Instance:
                 req.in_flight = False
             for req in batch.decodes:
                 req.in_flight = False
-            self._record(start, exit_s - start, shape, bound)
+            self._record(start, exit_s - start, shape, step)
             self._finish(batch, start)
             self.wake()
 
@@ -263,8 +264,8 @@ class Instance:
         if k < _MIN_JUMP:
             return None
         ctx_sums = int(ctx.sum()) + n * steps[:k]
-        seconds, bounds = self.cost.decode_series(n, ctx_sums)
-        return k, seconds, bounds, (ctx, held, extra[:k])
+        series = self.cost.decode_series(n, ctx_sums)
+        return k, series.seconds, series.bound, (ctx, held, extra[:k], series)
 
     def _jump(self, decodes: list[Request], k: int, seconds: np.ndarray,
               bounds: np.ndarray, kv: Any) -> Generator[simpy.Event, Any, None]:
@@ -289,7 +290,7 @@ class Instance:
 
     def _apply_jump(self, decodes: list[Request], done: int, start: float, ends: np.ndarray,
                     seconds: np.ndarray, bounds: np.ndarray, kv: Any, committed: int) -> None:
-        ctx, held, extra = kv
+        ctx, held, extra, series = kv
         bs = self.kv.block_size
         starts = np.concatenate(([start], ends[: done - 1]))
         n = len(decodes)
@@ -303,6 +304,7 @@ class Instance:
         self.recorder.steps_bulk(
             self.index, starts, seconds[:done], n, int(ctx.sum()) + n * np.arange(done),
             kv_used, self.kv.total, len(self.waiting), len(self.running), bounds[:done],
+            series.compute_s[:done], series.memory_s[:done],
         )
         self.busy_s += float(seconds[:done].sum())
         second = float(ends[0])
@@ -433,12 +435,14 @@ class Instance:
         return Batch([], decodes) if decodes else None
 
     # ----- results of a step -----------------------------------------------------------
-    def _record(self, start: float, seconds: float, shape: BatchShape, bound: str) -> None:
+    def _record(self, start: float, seconds: float, shape: BatchShape, step: StepCost) -> None:
         self.busy_s += seconds
+        # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         self.recorder.step(
             self.index, start, seconds, shape.prefill_tokens, shape.prefill_seqs,
             shape.decode_seqs, shape.decode_ctx_tokens, self.kv.used, self.kv.total,
-            len(self.waiting), len(self.running), bound,
+            len(self.waiting), len(self.running), step.bound, step.compute_s / self.pp,
+            step.memory_s / self.pp,
         )
 
     def _finish(self, batch: Batch, start: float) -> None:

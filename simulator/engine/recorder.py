@@ -23,7 +23,8 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("queue_len", "l"),
     ("running", "l"),
     ("bound", "b"),
-    ("steps", "l"),
+    ("compute_s", "d"),
+    ("memory_s", "d"),
 )
 BOUNDS = ("compute", "memory", "communication", "overhead")
 _BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
@@ -51,7 +52,8 @@ class Recorder:
 
     def step(self, instance: int, start_s: float, duration_s: float, prefill_tokens: int,
              prefill_seqs: int, decode_seqs: int, decode_ctx_tokens: int, kv_used: int,
-             kv_total: int, queue_len: int, running: int, bound: str, steps: int = 1) -> None:
+             kv_total: int, queue_len: int, running: int, bound: str, compute_s: float,
+             memory_s: float) -> None:
         s = self.steps
         s["instance"].append(instance)
         s["start_s"].append(start_s)
@@ -65,11 +67,13 @@ class Recorder:
         s["queue_len"].append(queue_len)
         s["running"].append(running)
         s["bound"].append(_BOUND_CODE[bound])
-        s["steps"].append(steps)
+        s["compute_s"].append(compute_s)
+        s["memory_s"].append(memory_s)
 
     def steps_bulk(self, instance: int, starts: np.ndarray, durations: np.ndarray,
                    decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
-                   kv_total: int, queue_len: int, running: int, bounds: np.ndarray) -> None:
+                   kv_total: int, queue_len: int, running: int, bounds: np.ndarray,
+                   compute_s: np.ndarray, memory_s: np.ndarray) -> None:
         """Rows of ``len(starts)`` consecutive decode-only steps (a fast-forward jump)."""
         n = len(starts)
         s = self.steps
@@ -85,7 +89,8 @@ class Recorder:
         s["queue_len"].extend([queue_len] * n)
         s["running"].extend([running] * n)
         s["bound"].extend(np.asarray(bounds, dtype=np.int8).tolist())
-        s["steps"].extend([1] * n)
+        s["compute_s"].extend(np.asarray(compute_s, dtype=float).tolist())
+        s["memory_s"].extend(np.asarray(memory_s, dtype=float).tolist())
 
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:

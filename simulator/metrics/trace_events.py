@@ -79,8 +79,7 @@ class _Lanes:
         return lane
 
 
-def step_label(prefill_seqs: int, prefill_tokens: int, decode_seqs: int,
-               steps: int = 1) -> tuple[str, str]:
+def step_label(prefill_seqs: int, prefill_tokens: int, decode_seqs: int) -> tuple[str, str]:
     """(category, name) of one step row: what kind of batch and how big."""
     if prefill_tokens and decode_seqs:
         kind = "mixed"
@@ -92,8 +91,6 @@ def step_label(prefill_seqs: int, prefill_tokens: int, decode_seqs: int,
         kind, name = "decode", f"decode ({decode_seqs} seq)"
     else:
         kind, name = "idle", "idle"
-    if steps > 1:
-        name += f" x{steps} steps"
     return kind, name
 
 
@@ -163,7 +160,7 @@ def build_trace(result: RunResult, *, counters: bool = True) -> dict[str, Any]:
     }
 
 
-_STEP_ARGS = ("prefill_seqs", "prefill_tokens", "decode_seqs", "decode_ctx_tokens", "steps",
+_STEP_ARGS = ("prefill_seqs", "prefill_tokens", "decode_seqs", "decode_ctx_tokens",
               "kv_used_blocks", "kv_total_blocks", "queue_len", "running")
 
 
@@ -227,7 +224,7 @@ def _step_events(steps: pd.DataFrame, inst_pid: dict[str, int], inst_tid: dict[s
             args: dict[str, Any] = {c: columns[c][i] for c in _STEP_ARGS}
             args["bound"] = bounds[i]
             cat, label = step_label(args["prefill_seqs"], args["prefill_tokens"],
-                                    args["decode_seqs"], args["steps"])
+                                    args["decode_seqs"])
             events.append({"ph": "X", "name": label, "cat": cat, "ts": ts,
                            "dur": round(end - ts, 3), "pid": pid, "tid": tid, "args": args})
             if counters:
