@@ -325,7 +325,6 @@ def test_step_label() -> None:
     assert step_label(2, 700, 0) == ("prefill", "prefill (2 seq / 700 tok)")
     assert step_label(0, 0, 31) == ("decode", "decode (31 seq)")
     assert step_label(1, 64, 30)[0] == "mixed"
-    assert step_label(0, 0, 8, steps=12) == ("decode", "decode (8 seq) x12 steps")
     assert step_label(0, 0, 0)[0] == "idle"
 
 
