@@ -36,6 +36,11 @@ class InstanceSpec:
     scheduler: SchedulerSpec
     kv_bytes_per_token: float
     """KV bytes of one token across the whole instance (all ranks), for hand-offs."""
+    active: bool = True
+    """Powered and serving at t=0 (autoscaled pools start some instances off)."""
+    cold_start_s: float = 0.0
+    """Time from a scale-out decision until the instance serves (weights load + start-up)."""
+    devices: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,29 +77,55 @@ class Cluster:
     def __post_init__(self) -> None:
         self.instances: list[Instance] = []
         for i, spec in enumerate(self.specs):
-            self.instances.append(Instance(
+            inst = Instance(
                 self.env, i, spec.name, spec.pool, spec.role, spec.cost, spec.kv_blocks,
                 spec.block_size, spec.scheduler, self.recorder, self._prefilled,
                 self._complete, self._kv_freed, self.fast_forward,
-            ))
+            )
+            if not spec.active:
+                inst.active = False
+                inst.power(False)
+            self.instances.append(inst)
+        self.by_name = {x.name: x for x in self.instances}
         self.entry = [x for x in self.instances if x.role in ("colocated", "prefill")]
         self.decoders = [x for x in self.instances if x.role == "decode"]
         self.pending_decode: deque[tuple[Request, Instance]] = deque()
+        self.pending_entry: deque[Request] = deque()
+        self.in_transfer: dict[int, tuple[Instance, Instance]] = {}
         self.links: dict[str, SharedLink] = {}
+        self.link_factor: dict[str, float] = {}
+        self.link_dead: set[str] = set()
         self.kv_location: dict[int, int] = {}
         self.completed = 0
+        self.retries = 0
+        self.failed = 0
         self._entry_policy = POLICIES[self.router.policy]
         self._decode_policy = POLICIES[self.router.decode_policy]
 
     # ----- arrivals ------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         self.recorder.requests.append(req)
-        inst = self._entry_policy(self.entry, req, self.router_state, "entry")
+        self._route(req)
+
+    def _route(self, req: Request) -> None:
+        candidates = [x for x in self.entry if x.accepting]
+        if not candidates:  # every entry instance is down or off: wait for one
+            req.status = "queued"
+            self.pending_entry.append(req)
+            return
+        inst = self._entry_policy(candidates, req, self.router_state, "entry")
         inst.enqueue(req)  # type: ignore[attr-defined]
 
     # ----- completions -----------------------------------------------------------------
     def _complete(self, inst: Instance, req: Request) -> None:
         self.completed += 1
+        self.kv_location.pop(req.id, None)
+        self.on_finished(req)
+
+    def fail_request(self, req: Request, reason: str) -> None:
+        req.status = "failed"
+        req.reason = reason
+        self.failed += 1
         self.kv_location.pop(req.id, None)
         self.on_finished(req)
 
@@ -105,7 +136,7 @@ class Cluster:
             self.pending_decode.append((req, src))
 
     def _place(self, req: Request, src: Instance) -> bool:
-        fits = [d for d in self.decoders if d.can_reserve(req)]
+        fits = [d for d in self.decoders if d.accepting and d.can_reserve(req)]
         if not fits:
             return False
         dst = self._decode_policy(fits, req, self.router_state, "decode")
@@ -114,34 +145,40 @@ class Cluster:
         req.decode_instance = dst.index
         req.decode_admit_s = self.env.now
         self.kv_location[req.id] = dst.index
+        self.in_transfer[req.id] = (src, dst)  # type: ignore[assignment]
         self.env.process(self._transfer(req, src, dst))  # type: ignore[arg-type]
         return True
 
     def _kv_freed(self, inst: Instance) -> None:
         if inst.role != "decode" or not self.pending_decode:
             return
+        self._drain_pending_decode()
+
+    def _drain_pending_decode(self) -> None:
         while self.pending_decode:
             req, src = self.pending_decode[0]
             if not self._place(req, src):
                 break
             self.pending_decode.popleft()
 
-    def _link(self, path: TransferPath) -> SharedLink:
+    def _link(self, path: TransferPath, source: str) -> SharedLink:
         link = self.links.get(path.key)
         if link is None:
-            link = SharedLink(self.env, len(self.links), path.key, path.profile, path.streams)
+            link = SharedLink(self.env, len(self.links), path.key, path.profile, path.streams,
+                              self.link_factor.get(source, 1.0))
             self.links[path.key] = link
         return link
 
     def _transfer(self, req: Request, src: Instance, dst: Instance) -> Generator[simpy.Event, Any, None]:
         env = self.env
+        attempt = req.restarts
         start = env.now
         req.transfer_start_s = start
         spec = self.specs[src.index]
         nbytes = spec.kv_bytes_per_token * req.prompt_tokens
         assert self.transfer.path is not None
         path = self.transfer.path(src.index, dst.index)
-        link = self._link(path)
+        link = self._link(path, src.name)
         convert = (path.conversion_s_per_byte * nbytes
                    + path.conversion_s_per_token * req.prompt_tokens + path.extra_latency_s)
         if convert:
@@ -154,13 +191,85 @@ class Cluster:
             streamed = min(nbytes * (1 - 1 / self.transfer.num_layers),
                            overlap_s * link.bandwidth)
             nbytes -= streamed
-        yield from link.send(nbytes)
+        delivered = yield from link.send(nbytes)
+        if req.restarts != attempt:  # a failure already sent the request elsewhere
+            return
+        self.in_transfer.pop(req.id, None)
+        if not delivered:  # the link died for good: no other path in this topology
+            src.release_held(req)
+            dst.cancel_reservation(req)
+            self.fail_request(req, f"KV transfer failed: link {link.name} is down")
+            return
         req.transfer_end_s = env.now
         self.recorder.transfer(req.id, src.index, dst.index, link.index,
                                spec.kv_bytes_per_token * req.prompt_tokens, start, env.now,
                                env.now - req.first_token_s)
         src.release_held(req)
         dst.admit_transferred(req)
+
+    # ----- faults ------------------------------------------------------------------
+    def fail_instance(self, inst: Instance) -> None:
+        """``inst`` dies: its KV is gone; its requests are prefilled or placed again."""
+        if not inst.alive:
+            return
+        lost, held, reserved = inst.fail()
+        self.recorder.event(self.env.now, "instance_failure",
+                            f"{inst.name}: {len(lost)} running/queued, {len(held)} held, "
+                            f"{len(reserved)} incoming")
+        # Hand-offs waiting for decode room from the dead prefill instance lost their KV.
+        keep: deque[tuple[Request, Instance]] = deque()
+        for req, src in self.pending_decode:
+            if src is not inst:
+                keep.append((req, src))
+            elif req not in held:
+                held.append(req)
+        self.pending_decode = keep
+        for req in lost + held:
+            pair = self.in_transfer.pop(req.id, None)
+            if pair is not None and pair[1] is not inst:
+                pair[1].cancel_reservation(req)
+            self._restart(req)
+        for req in reserved:  # KV still on the prefill side: send it elsewhere
+            pair = self.in_transfer.pop(req.id, None)
+            req.restarts += 1
+            self.retries += 1
+            if pair is None or not pair[0].alive:
+                self._restart(req, counted=True)
+                continue
+            if not self._place(req, pair[0]):
+                self.pending_decode.append((req, pair[0]))
+        if inst.role == "decode":
+            self._drain_pending_decode()
+
+    def _restart(self, req: Request, counted: bool = False) -> None:
+        """Send ``req`` back to be prefilled (prompt + tokens generated so far)."""
+        if not counted:
+            req.restarts += 1
+            self.retries += 1
+        req.reset_for_recompute(preempted=False)
+        req.status = "queued"
+        req.decode_instance = -1
+        self.kv_location.pop(req.id, None)
+        self._route(req)
+
+    def recover_instance(self, inst: Instance) -> None:
+        if inst.alive:
+            return
+        inst.recover()
+        self.recorder.event(self.env.now, "instance_recovery", inst.name)
+        self.flush_pending()
+
+    def flush_pending(self) -> None:
+        waiting, self.pending_entry = self.pending_entry, deque()
+        for req in waiting:
+            self._route(req)
+        self._drain_pending_decode()
+
+    def degrade_links(self, source: str, factor: float, for_good: bool) -> None:
+        self.link_factor[source] = factor
+        for key, link in self.links.items():
+            if key.endswith(f":{source}"):
+                link.set_bandwidth_factor(factor, for_good=for_good)
 
     @property
     def link_names(self) -> list[str]:

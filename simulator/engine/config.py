@@ -173,3 +173,75 @@ class RouterSpec(Spec):
         "How a new request picks a colocated or prefill instance."))
     decode_policy: RoutingPolicy = Field("least_kv", description=(
         "How a prefilled request picks a decode instance (disaggregated clusters)."))
+
+
+# ----- faults ------------------------------------------------------------------------
+class InstanceFailure(Spec):
+    kind: Literal["instance_failure"] = "instance_failure"
+    target: str = Field(description="Instance name, `POOL/INDEX` (e.g. `decode/0`).")
+    at_s: float = Field(ge=0, description="When it fails, simulated seconds.")
+    duration_s: float | None = Field(None, gt=0, description=(
+        "Down time before it recovers (empty KV, cold); empty = for good."))
+
+
+class LinkDegradation(Spec):
+    kind: Literal["link_degradation"] = "link_degradation"
+    target: str = Field(description=(
+        "Instance whose outgoing KV hand-off links degrade (its NICs), `POOL/INDEX`."))
+    at_s: float = Field(ge=0, description="When the degradation starts.")
+    duration_s: float | None = Field(None, gt=0, description="How long; empty = for good.")
+    bandwidth_factor: float = Field(ge=0, le=1, description=(
+        "Share of bandwidth left (0 = link down: transfers stall, or fail if for good)."))
+
+
+class Straggler(Spec):
+    kind: Literal["straggler"] = "straggler"
+    target: str = Field(description="Instance name, `POOL/INDEX`.")
+    at_s: float = Field(ge=0, description="When it slows down.")
+    duration_s: float | None = Field(None, gt=0, description="How long; empty = for good.")
+    slowdown: float = Field(gt=1, description="Every step takes this many times longer.")
+
+
+class RandomFailures(Spec):
+    kind: Literal["random_failures"] = "random_failures"
+    pool: str = Field(description="Pool whose instances fail at random.")
+    mtbf_s: float = Field(gt=0, description="Mean time between failures of one instance.")
+    mttr_s: float = Field(gt=0, description="Mean time to repair (exponential).")
+
+
+Fault = Annotated[
+    InstanceFailure | LinkDegradation | Straggler | RandomFailures, Field(discriminator="kind")
+]
+
+
+# ----- autoscaling -------------------------------------------------------------------
+ScalingSignal = Literal["queue_length", "ttft", "running", "kv_usage", "tpot"]
+
+
+class AutoscaleSpec(Spec):
+    """Scale a pool between bounds on a load signal, with cool-down and cold start."""
+
+    min_instances: int = Field(1, ge=0, description="Fewest instances kept powered.")
+    max_instances: int = Field(gt=0, description="Most instances (all are placed up front).")
+    signal: ScalingSignal = Field(description=(
+        "`queue_length` (waiting requests per instance), `ttft` (p90 of the last interval, "
+        "s), `running` (sequences per instance), `kv_usage` (KV fraction), `tpot` (mean "
+        "of the last interval, s)."))
+    scale_out_above: float = Field(ge=0, description="Add an instance when the signal exceeds this.")
+    scale_in_below: float = Field(ge=0, description="Drain an instance when the signal is below this.")
+    interval_s: float = Field(10.0, gt=0, description="How often the policy looks.")
+    cooldown_s: float = Field(60.0, ge=0, description="Quiet time after any scaling action.")
+    load_bandwidth_gb_per_s: float = Field(5.0, gt=0, description=(
+        "Rate at which a new instance loads its weights (storage/network), GB/s per device; "
+        "cold start = weights per device / this + startup_s."))
+    startup_s: float = Field(30.0, ge=0, description=(
+        "Fixed start-up time of the serving engine (process, CUDA graphs), seconds."))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSpec:
+        if self.min_instances > self.max_instances:
+            raise ValueError(f"min_instances ({self.min_instances}) > max_instances "
+                             f"({self.max_instances})")
+        if self.scale_in_below >= self.scale_out_above:
+            raise ValueError("scale_in_below must be lower than scale_out_above")
+        return self

@@ -84,8 +84,21 @@ class Instance:
         self.max_running = scheduler.max_num_seqs * self.pp
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.held = 0  # requests whose KV waits for a transfer out (prefill role)
-        self.reserved = 0  # requests whose KV is reserved for a transfer in (decode role)
+        # Requests whose KV waits for a transfer out (prefill role) / is reserved for a
+        # transfer in (decode role), by request id.
+        self.held_reqs: dict[int, Request] = {}
+        self.reserved_reqs: dict[int, Request] = {}
+        # Fault and scaling state: a failed instance loses its KV and its work; an
+        # inactive one is powered off; a draining one takes no new work.
+        self.alive = True
+        self.active = True
+        self.draining = False
+        self.epoch = 0
+        self.powered_s = 0.0
+        self.powered_since: float | None = 0.0
+        self.collect_signals = False  # an autoscaler reads recent TTFT/TPOT samples
+        self.signal_ttft: list[float] = []
+        self.signal_tpot: list[float] = []
         self.queued_tokens = 0
         self.busy_s = 0.0
         self.in_flight_batches = 0
@@ -93,10 +106,29 @@ class Instance:
         self._wake: simpy.Event | None = None
         self._jumping = False
         self._jump_kv: list[Any] | None = None  # [step ends, cumulative extra blocks, committed]
+        self._jump_ctx: tuple[Any, ...] | None = None
         self._stage_free = [0.0] * self.pp
         self.process = env.process(self._run())
 
     # ----- load signals the router reads ---------------------------------------------
+    @property
+    def held(self) -> int:
+        return len(self.held_reqs)
+
+    @property
+    def reserved(self) -> int:
+        return len(self.reserved_reqs)
+
+    @property
+    def accepting(self) -> bool:
+        """Takes new work: alive, powered and not draining."""
+        return self.alive and self.active and not self.draining
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.running or self.held_reqs or self.reserved_reqs
+                    or self.in_flight_batches)
+
     @property
     def outstanding(self) -> int:
         return len(self.waiting) + len(self.running) + self.reserved
@@ -142,15 +174,22 @@ class Instance:
         need = self.kv.blocks_for(req.context_tokens + 1)
         self.kv.allocate(need)
         req.blocks = need
-        self.reserved += 1
+        self.reserved_reqs[req.id] = req
         if self._jumping:  # less KV for the steps ahead: re-plan at the next boundary
             self._jumping = False
             self.process.interrupt("cut")
         return True
 
+    def cancel_reservation(self, req: Request) -> None:
+        """Decode role: an incoming hand-off will not arrive; free what it reserved."""
+        if self.reserved_reqs.pop(req.id, None) is not None:
+            self.kv.release(req.blocks)
+            req.blocks = 0
+            self._on_kv_freed(self)
+
     def admit_transferred(self, req: Request) -> None:
         """Decode role: the request's KV has arrived; it joins the decode batch."""
-        self.reserved -= 1
+        del self.reserved_reqs[req.id]
         req.prefilled = req.prefill_target
         req.status = "decode"
         self.running.append(req)
@@ -160,11 +199,13 @@ class Instance:
         """Prefill role: the request's KV has left; free its blocks."""
         self.kv.release(req.src_blocks)
         req.src_blocks = 0
-        self.held -= 1
+        del self.held_reqs[req.id]
         self._on_kv_freed(self)
         self.wake()
 
     def wake(self) -> None:
+        if not self.alive:
+            return
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         elif self._jumping:
@@ -173,6 +214,20 @@ class Instance:
 
     # ----- the loop ------------------------------------------------------------------
     def _run(self) -> Generator[simpy.Event, Any, None]:
+        while True:
+            try:
+                yield from self._serve()
+            except simpy.Interrupt as exc:
+                if exc.cause != "fail":
+                    raise
+            # Failed: nothing runs until recover() revives the instance.
+            self._jumping = False
+            self._jump_kv = None
+            self._wake = None
+            self._revive = self.env.event()
+            yield self._revive
+
+    def _serve(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         while True:
             batch = self._schedule()
@@ -222,8 +277,11 @@ class Instance:
                 first_stage_done = t
         exit_s = t
         self.in_flight_batches += 1
+        epoch = self.epoch
 
         def done(_e: simpy.Event) -> None:
+            if epoch != self.epoch:  # the instance failed while this batch was in flight
+                return
             self.in_flight_batches -= 1
             for req, _ in batch.chunks:
                 req.in_flight = False
@@ -274,16 +332,20 @@ class Instance:
         ends = np.cumsum(np.concatenate(([start], seconds)))[1:]
         self._jumping = True
         self._jump_kv = [ends, kv[2], 0]
+        self._jump_ctx = (decodes, start, ends, seconds, bounds, kv)
         done = k
         try:
             yield env.timeout(float(ends[-1]) - start)
-        except simpy.Interrupt:
+        except simpy.Interrupt as exc:
+            if exc.cause == "fail":
+                raise
             # Something arrived: finish the step that is running, then re-plan.
             done = min(int(np.searchsorted(ends, env.now, side="left")) + 1, k)
             if float(ends[done - 1]) > env.now:
                 yield env.timeout(float(ends[done - 1]) - env.now)
         finally:
             self._jumping = False
+            self._jump_ctx = None
         committed = self._jump_kv[2]
         self._jump_kv = None
         self._apply_jump(decodes, done, start, ends, seconds, bounds, kv, committed)
@@ -445,6 +507,73 @@ class Instance:
             step.memory_s / self.pp,
         )
 
+    # ----- faults and scaling ------------------------------------------------------
+    def fail(self) -> tuple[list[Request], list[Request], list[Request]]:
+        """Lose every request's KV and stop; return (to recompute, held, reserved).
+
+        Requests waiting or running here must be prefilled again elsewhere; ``held`` ones
+        (prefill role) lost the KV they were handing off; ``reserved`` ones (decode role)
+        were being sent here and can be sent elsewhere from their prefill instance.
+        """
+        if self._jump_ctx is not None and self._jump_kv is not None:
+            # Book the decode steps of the jump that finished before the failure; the
+            # step running at the failure is lost, as it would be step by step.
+            decodes, start, ends, seconds, bounds, kv = self._jump_ctx
+            done = int(np.searchsorted(ends, self.env.now, side="right"))
+            committed = self._jump_kv[2]
+            self._jump_kv = None
+            self._jump_ctx = None
+            if done:
+                self._apply_jump(decodes, done, start, ends, seconds, bounds, kv, committed)
+        self._sync_jump_kv()
+        lost = list(self.waiting) + list(self.running)
+        held = list(self.held_reqs.values())
+        reserved = list(self.reserved_reqs.values())
+        self.waiting.clear()
+        self.running.clear()
+        self.held_reqs.clear()
+        self.reserved_reqs.clear()
+        self.queued_tokens = 0
+        self.in_flight_batches = 0
+        self._stage_free = [self.env.now] * self.pp
+        self.kv.reset()
+        for req in lost + held + reserved:
+            req.in_flight = False
+            req.blocks = 0
+            req.src_blocks = 0
+        self.alive = False
+        self.epoch += 1
+        if self.process.is_alive:
+            self.process.interrupt("fail")
+        return lost, held, reserved
+
+    def recover(self) -> None:
+        self.alive = True
+        self.speed_factor = 1.0
+        revive = getattr(self, "_revive", None)
+        if revive is not None and not revive.triggered:
+            revive.succeed()
+
+    def set_speed(self, factor: float) -> None:
+        """Straggler: every step from the next one takes ``factor`` times longer."""
+        self.speed_factor = factor
+        if self._jumping:
+            self._jumping = False
+            self.process.interrupt("cut")
+
+    def power(self, on: bool) -> None:
+        now = self.env.now
+        if on and self.powered_since is None:
+            self.powered_since = now
+        elif not on and self.powered_since is not None:
+            self.powered_s += now - self.powered_since
+            self.powered_since = None
+
+    def powered_until(self, end: float) -> float:
+        """Seconds this instance was powered from t=0 to ``end``."""
+        extra = end - self.powered_since if self.powered_since is not None else 0.0
+        return self.powered_s + max(0.0, extra)
+
     def _finish(self, batch: Batch, start: float) -> None:
         now = self.env.now
         for req in batch.decodes:
@@ -468,11 +597,13 @@ class Instance:
                 req.first_token_s = now
                 req.prefill_end_s = now
                 req.prefill_instance = self.index
+                if self.collect_signals:
+                    self.signal_ttft.append(now - req.arrival_s)
             if req.done:
                 self._complete(req)
             elif self.role == "prefill":
                 self.running.remove(req)
-                self.held += 1
+                self.held_reqs[req.id] = req
                 req.src_blocks, req.blocks = req.blocks, 0
                 req.status = "transfer"
                 self._on_prefilled(self, req)
@@ -482,6 +613,8 @@ class Instance:
                     req.decode_instance = self.index
 
     def _complete(self, req: Request) -> None:
+        if self.collect_signals and req.generated > 1:
+            self.signal_tpot.append((self.env.now - req.first_token_s) / (req.generated - 1))
         self.running.remove(req)
         self.kv.release(req.blocks)
         req.blocks = 0

@@ -34,6 +34,10 @@ class BlockManager:
         self.used += blocks
         self.peak_used = max(self.peak_used, self.used)
 
+    def reset(self) -> None:
+        """Drop every block (the device lost its memory)."""
+        self.used = 0
+
     def release(self, blocks: int) -> None:
         if blocks < 0 or blocks > self.used:
             raise SimulationError(f"KV release of {blocks} with {self.used} used")

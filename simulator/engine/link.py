@@ -24,6 +24,8 @@ class SharedLink:
         self.index = index
         self.name = name
         self.profile = profile
+        self.streams = streams
+        self.dead = False
         self.bandwidth = profile.effective_bandwidth * streams * bandwidth_factor
         self.fixed_s = (profile.per_transfer_overhead_us + profile.latency_us) * 1e-6
         self.bytes_moved = 0.0
@@ -36,23 +38,31 @@ class SharedLink:
     def active(self) -> int:
         return len(self._active)
 
-    def send(self, nbytes: float) -> Generator[simpy.Event, Any, None]:
-        """Process body: wait the fixed cost, then stream ``nbytes`` sharing the link."""
+    def send(self, nbytes: float) -> Generator[simpy.Event, Any, bool]:
+        """Process body: wait the fixed cost, then stream ``nbytes`` sharing the link.
+
+        Returns False if the link died for good before the bytes got through.
+        """
+        if self.dead:
+            return False
         if self.fixed_s:
             yield self.env.timeout(self.fixed_s)
-        self.bytes_moved += nbytes
         if nbytes <= 0 or self.bandwidth == float("inf"):
-            return
+            self.bytes_moved += max(nbytes, 0.0)
+            return not self.dead
         done = self.env.event()
         self._advance()
         self._ids += 1
         self._active[self._ids] = [float(nbytes), done]
         self._replan()
-        yield done
+        delivered = yield done
+        if delivered:
+            self.bytes_moved += nbytes
+        return bool(delivered)
 
     def _advance(self) -> None:
         now = self.env.now
-        if self._active and now > self._last:
+        if self._active and now > self._last and self.bandwidth > 0:
             drained = (now - self._last) * self.bandwidth / len(self._active)
             for entry in self._active.values():
                 entry[0] -= drained
@@ -60,7 +70,7 @@ class SharedLink:
 
     def _replan(self) -> None:
         self._gen += 1
-        if not self._active:
+        if not self._active or self.bandwidth <= 0:  # down: transfers stall until repaired
             return
         rate = self.bandwidth / len(self._active)
         soonest = min(entry[0] for entry in self._active.values())
@@ -77,11 +87,16 @@ class SharedLink:
         finished = [k for k, e in self._active.items()
                     if e[0] <= _EPS_BYTES or e[0] / rate <= 1e-12]
         for key in finished:
-            self._active.pop(key)[1].succeed()
+            self._active.pop(key)[1].succeed(True)
         self._replan()
 
-    def set_bandwidth_factor(self, factor: float, base_streams: int = 1) -> None:
-        """Change the link's speed from now on (degradation or repair)."""
+    def set_bandwidth_factor(self, factor: float, *, for_good: bool = False) -> None:
+        """Change the link's speed from now on; factor 0 for good kills it."""
         self._advance()
-        self.bandwidth = self.profile.effective_bandwidth * base_streams * factor
+        self.bandwidth = self.profile.effective_bandwidth * self.streams * factor
+        if factor <= 0 and for_good:
+            self.dead = True
+            for _bytes, done in self._active.values():
+                done.succeed(False)
+            self._active.clear()
         self._replan()

@@ -138,7 +138,7 @@ class Recorder:
         fields = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
                   "prefix_tokens", "prefill_start_s", "prefill_end_s", "first_token_s",
                   "transfer_wait_s", "transfer_start_s", "transfer_end_s", "decode_admit_s",
-                  "decode_start_s", "second_token_s", "completion_s", "preemptions", "prefill_instance",
+                  "decode_start_s", "second_token_s", "completion_s", "preemptions", "restarts", "prefill_instance",
                   "decode_instance", "status", "reason")
         data = {f: [getattr(r, f) for r in reqs] for f in fields}
         df = pd.DataFrame(data)

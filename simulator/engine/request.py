@@ -33,6 +33,7 @@ class Request:
         "preemptions",
         "prompt_tokens",
         "reason",
+        "restarts",
         "second_token_s",
         "src_blocks",
         "status",
@@ -57,6 +58,7 @@ class Request:
         self.src_blocks = 0  # KV blocks still held on the prefill instance during a hand-off
         self.block_hashes: list[int] | None = None
         self.preemptions = 0
+        self.restarts = 0  # times a failure sent it back to be prefilled or placed again
         self.status = "queued"
         self.reason = ""
         self.prefill_instance = -1
@@ -85,9 +87,10 @@ class Request:
     def done(self) -> bool:
         return self.generated >= self.output_tokens
 
-    def reset_for_recompute(self) -> None:
+    def reset_for_recompute(self, *, preempted: bool = True) -> None:
         """Drop the KV: the next prefill recomputes prompt and generated tokens."""
         self.prefilled = 0
         self.prefill_target = self.prompt_tokens + self.generated
         self.blocks = 0
-        self.preemptions += 1
+        if preempted:
+            self.preemptions += 1

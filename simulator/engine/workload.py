@@ -113,6 +113,9 @@ class Workload:
         self.base_dir = base_dir or Path.cwd()
         self.max_prompt_tokens = max_prompt_tokens
         self.issued = 0
+        self.finished = 0
+        self.exhausted = False  # no more requests will be issued
+        self.done = env.event()  # every issued request has ended
         self.trace: Trace | None = None
         if spec.arrival.kind == "trace":
             path = Path(spec.arrival.path)
@@ -156,7 +159,16 @@ class Workload:
         if kind == "closed_loop":
             self._start_closed_loop()
         else:
-            self.env.process(self._open_loop())
+            self.env.process(self._issue_all())
+
+    def _issue_all(self) -> Generator[simpy.Event, Any, None]:
+        yield from self._open_loop()
+        self.exhausted = True
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self.exhausted and self.finished >= self.issued and not self.done.triggered:
+            self.done.succeed()
 
     def _gaps(self) -> Iterator[float]:
         a = self.spec.arrival
@@ -245,15 +257,20 @@ class Workload:
         total = self.spec.num_requests or 0
         first = min(a.concurrency, total)
         self._closed_left = total - first
+        self.exhausted = self._closed_left == 0
         for _ in range(first):
             prompt, output, group, p_tokens = next(self._lengths)
             self.submit(self._make(self.env.now, prompt, output, group, p_tokens))
 
     def on_finished(self, _req: Request) -> None:
-        """A request ended (completed or failed): a closed-loop client sends the next one."""
+        """A request ended (completed, failed or rejected): a closed-loop client sends the
+        next one; the run is over once nothing more will be issued and all have ended."""
+        self.finished += 1
         if self.spec.arrival.kind != "closed_loop" or self._closed_left <= 0:
+            self._check_done()
             return
         self._closed_left -= 1
+        self.exhausted = self._closed_left == 0
         think = self.spec.arrival.think_time_s
         if think > 0:
             self.env.process(self._after(think))

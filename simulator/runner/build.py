@@ -36,7 +36,8 @@ class PoolPlan:
 
     @property
     def devices(self) -> int:
-        return self.parallelism.devices * self.spec.instances
+        """Devices provisioned for the pool (its maximum size when it autoscales)."""
+        return self.parallelism.devices * self.spec.max_instances
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class ClusterPlan:
         out: dict[str, int] = {}
         for p in self.pools:
             out[f"{p.spec.name}:devices"] = p.devices
-            out[f"{p.spec.name}:instances"] = p.spec.instances
+            out[f"{p.spec.name}:instances"] = p.spec.max_instances
         return out
 
 
@@ -254,7 +255,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         raise _keyed(exc, file, "workload.arrival.path") from None
 
     resolved = _resolve(scenario, model, base_engine, file)
-    groups = [(r.pool.name, r.device, r.pool.instances, r.par.devices) for r in resolved]
+    groups = [(r.pool.name, r.device, r.pool.max_instances, r.par.devices) for r in resolved]
     spread = {r.pool.name: r.pool.placement.nodes_per_instance
               for r in resolved if r.pool.placement.nodes_per_instance}
     placements = place(groups, spread)
@@ -264,8 +265,8 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
     cursor = 0
     for r in resolved:
         pool, dev, par, engine, key = r.pool, r.device, r.par, r.engine, r.key
-        pool_places = placements[cursor: cursor + pool.instances]
-        cursor += pool.instances
+        pool_places = placements[cursor: cursor + pool.max_instances]
+        cursor += pool.max_instances
         costs: list[InstanceCostModel] = []
         for place_ in pool_places:
             links = instance_links(place_, par, file, key)
@@ -294,14 +295,30 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 f"on {dev.name}, less than the longest prompt ({max_prompt} tokens); raise "
                 f"tp/pp, use fp8 KV, or shorten prompts", file=file, key=f"{key}.parallelism")
         kv_bytes_token = model.kv_bytes_per_token(r.precisions.kv_cache)
+        cold_start = 0.0
+        if pool.autoscale is not None:
+            a = pool.autoscale
+            cold_start = mem.weight_bytes / (a.load_bandwidth_gb_per_s * 1e9) + a.startup_s
         for j, cost in enumerate(costs):
             instances.append(InstanceSpec(
                 name=f"{pool.name}/{j}", pool=pool.name, role=pool.role, cost=cost,
                 kv_blocks=mem.kv_capacity_blocks, block_size=r.block, scheduler=pool.scheduler,
-                kv_bytes_per_token=kv_bytes_token,
+                kv_bytes_per_token=kv_bytes_token, active=j < pool.instances,
+                cold_start_s=cold_start, devices=par.devices,
             ))
         pools.append(PoolPlan(pool, dev, par, mem, pool_places, costs))
 
+    names = {spec.name for spec in instances}
+    pool_names = {r.pool.name for r in resolved}
+    for i, fault in enumerate(scenario.faults):
+        target = getattr(fault, "target", None)
+        if target is not None and target not in names:
+            raise ConfigError(f"unknown target instance {target!r}; instances: "
+                              f"{', '.join(sorted(names))}", file=file, key=f"faults[{i}].target")
+        pool_ref = getattr(fault, "pool", None)
+        if pool_ref is not None and pool_ref not in pool_names:
+            raise ConfigError(f"unknown pool {pool_ref!r}; pools: {', '.join(sorted(pool_names))}",
+                              file=file, key=f"faults[{i}].pool")
     kv = scenario.cluster.kv_transfer
     for link_key, name in (("link", kv.link), ("network", kv.network)):
         if name is not None:

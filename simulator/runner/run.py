@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from simulator.engine.autoscaler import Autoscaler
 from simulator.engine.cluster import Cluster, TransferPlan
+from simulator.engine.faults import start_faults
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
 from simulator.engine.router import RouterState
@@ -63,11 +65,24 @@ class Simulation:
 
         workload = Workload(env, sc.workload, rngs, submit, plan.base_dir)
         cluster.on_finished = workload.on_finished
+
+        def stop() -> bool:
+            return workload.done.triggered
+
+        start_faults(env, cluster, list(sc.faults), rngs["faults"], stop)
+        for pool in plan.pools:
+            if pool.spec.autoscale is not None:
+                cold = next(s.cold_start_s for s in plan.instances if s.pool == pool.spec.name)
+                Autoscaler(env, cluster, pool.spec.name, pool.spec.autoscale, cold, stop)
         workload.start()
+        until: simpy.Event = workload.done
         if sc.simulation.max_time_s is not None:
-            env.run(until=sc.simulation.max_time_s)
-        else:
-            env.run()
+            until = env.any_of([workload.done, env.timeout(sc.simulation.max_time_s)])
+        try:
+            env.run(until=until)
+        except RuntimeError as exc:  # nothing left to happen: stuck requests stay in flight
+            if "No scheduled events left" not in str(exc):
+                raise
         for req in recorder.requests:
             if req.status not in {"completed", "rejected", "failed"}:
                 req.reason = req.reason or f"still {req.status} when the clock stopped"
@@ -81,6 +96,21 @@ class Simulation:
         summary = summarize(requests, steps, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
                             e2e_s=slo.e2e_s, pool_devices=plan.pool_devices)
         summary.update(cost_summary(plan, summary))
+        end = env.now
+        summary["device_hours"] = sum(
+            inst.powered_until(end) * spec.devices
+            for inst, spec in zip(cluster.instances, plan.instances, strict=True)) / 3600.0
+        summary["retries"] = cluster.retries
+        # What the powered time cost (autoscaled pools pay only while powered).
+        paid = 0.0
+        for inst, spec in zip(cluster.instances, plan.instances, strict=True):
+            price = plan.pools[[p.spec.name for p in plan.pools].index(spec.pool)].device.price
+            paid += (inst.powered_until(end) * spec.devices / 3600.0
+                     * (price.usd_per_hour if price else float("nan")))
+        summary["cost_usd_powered"] = paid
+        out_tokens = float(requests.loc[requests["status"] == "completed", "generated_tokens"].sum())
+        summary["cost_usd_per_1m_output_tokens_powered"] = (
+            paid / out_tokens * 1e6 if out_tokens else float("nan"))
         events = pd.DataFrame(recorder.events, columns=["time_s", "kind", "detail"])
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.

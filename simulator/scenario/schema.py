@@ -6,8 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simulator.engine.config import RouterSpec, SchedulerSpec, WorkloadSpec
+from simulator.engine.config import AutoscaleSpec, Fault, RouterSpec, SchedulerSpec, WorkloadSpec
 from simulator.units import Precision
+
+MAX_POOL_DEVICES = 100_000
+"""Most devices one pool may place (instances, or autoscale max_instances, x tp x pp)."""
 
 
 class Spec(BaseModel):
@@ -67,12 +70,27 @@ class PoolSpec(Spec):
         "sized for it, with a given pp it is checked."))
     moe_imbalance: float = Field(1.0, ge=1.0, description=(
         "Tokens routed to the busiest expert device relative to a uniform split (MoE)."))
+    autoscale: AutoscaleSpec | None = Field(None, description=(
+        "Scale this pool on a load signal; `instances` is then the starting count."))
+
+    @property
+    def max_instances(self) -> int:
+        return self.autoscale.max_instances if self.autoscale else self.instances
 
     @model_validator(mode="after")
     def _auto_needs_budget(self) -> PoolSpec:
+        a = self.autoscale
+        if a is not None and not a.min_instances <= self.instances <= a.max_instances:
+            raise ValueError(f"instances ({self.instances}) must lie within autoscale "
+                             f"min_instances..max_instances ({a.min_instances}..{a.max_instances})")
         if self.parallelism.pp == "auto" and self.kv_budget_tokens is None:
             raise ValueError("parallelism.pp: auto needs kv_budget_tokens (the KV tokens "
                              "each instance must hold)")
+        pp = self.parallelism.pp if isinstance(self.parallelism.pp, int) else 1
+        devices = self.max_instances * self.parallelism.tp * pp
+        if devices > MAX_POOL_DEVICES:  # every device is placed up front: bound the memory
+            raise ValueError(f"{devices:,} devices (instances x tp x pp) in one pool; at most "
+                             f"{MAX_POOL_DEVICES:,} are simulated per pool")
         return self
 
 
@@ -143,6 +161,8 @@ class Scenario(Spec):
     cluster: ClusterSpec = Field(description="Pools, routing and KV hand-off.")
     slo: SLOSpec = Field(default_factory=SLOSpec,  # type: ignore[arg-type]
                          description="Latency targets for SLO attainment and goodput.")
+    faults: list[Fault] = Field(default_factory=list, description=(
+        "Failures, link degradations and stragglers to inject."))
     simulation: SimulationSpec = Field(default_factory=SimulationSpec,  # type: ignore[arg-type]
                                        description="Clock and engine options.")
 

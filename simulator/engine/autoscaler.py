@@ -1,0 +1,97 @@
+"""Per-pool autoscaling: a policy looks at a load signal every interval and powers
+instances on (after a cold start) or drains them (no new work; off once idle)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import numpy as np
+import simpy
+
+from simulator.engine.cluster import Cluster
+from simulator.engine.config import AutoscaleSpec
+from simulator.engine.instance import Instance
+
+
+def pool_signal(kind: str, instances: list[Instance]) -> float:
+    """The scaling signal of a pool's serving instances (and drain their samples)."""
+    serving = [x for x in instances if x.accepting]
+    if kind in ("ttft", "tpot"):
+        samples: list[float] = []
+        for x in instances:
+            bucket = x.signal_ttft if kind == "ttft" else x.signal_tpot
+            samples.extend(bucket)
+            bucket.clear()
+        if not samples:
+            return 0.0
+        return float(np.percentile(samples, 90)) if kind == "ttft" else float(np.mean(samples))
+    if not serving:
+        return float("inf")  # nothing serves: any load is too much
+    if kind == "queue_length":
+        return float(np.mean([len(x.waiting) for x in serving]))
+    if kind == "running":
+        return float(np.mean([len(x.running) + x.reserved for x in serving]))
+    if kind == "kv_usage":
+        return float(np.mean([x.kv_load for x in serving]))
+    raise ValueError(f"unknown scaling signal {kind!r}")
+
+
+class Autoscaler:
+    def __init__(self, env: simpy.Environment, cluster: Cluster, pool: str,
+                 spec: AutoscaleSpec, cold_start_s: float, stop: Callable[[], bool]) -> None:
+        self.env = env
+        self.cluster = cluster
+        self.pool = pool
+        self.spec = spec
+        self.cold_start_s = cold_start_s
+        self.stop = stop
+        self.instances = [x for x in cluster.instances if x.pool == pool]
+        self.starting: set[int] = set()
+        for x in self.instances:
+            x.collect_signals = True
+        env.process(self._loop())
+
+    def _loop(self) -> Generator[simpy.Event, Any, None]:
+        spec, env = self.spec, self.env
+        last_action = -float("inf")
+        while not self.stop():
+            yield env.timeout(spec.interval_s)
+            signal = pool_signal(spec.signal, self.instances)
+            if env.now - last_action < spec.cooldown_s:
+                continue
+            powered = [x for x in self.instances if x.active or x.index in self.starting]
+            serving = [x for x in self.instances if x.accepting]
+            if signal > spec.scale_out_above and len(powered) < spec.max_instances:
+                off = next(x for x in self.instances
+                           if not x.active and x.index not in self.starting)
+                self.starting.add(off.index)
+                off.power(True)
+                self.cluster.recorder.event(env.now, "scale_out",
+                                            f"{off.name} (signal {signal:.4g})")
+                env.process(self._start(off))
+                last_action = env.now
+            elif signal < spec.scale_in_below and len(serving) > spec.min_instances:
+                victim = min(serving, key=lambda x: (x.outstanding, -x.index))
+                victim.draining = True
+                self.cluster.recorder.event(env.now, "scale_in",
+                                            f"{victim.name} (signal {signal:.4g})")
+                env.process(self._drain(victim))
+                last_action = env.now
+
+    def _start(self, inst: Instance) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(self.cold_start_s)
+        self.starting.discard(inst.index)
+        inst.active = True
+        inst.draining = False
+        self.cluster.recorder.event(self.env.now, "instance_ready", inst.name)
+        self.cluster.flush_pending()
+
+    def _drain(self, inst: Instance) -> Generator[simpy.Event, Any, None]:
+        while not inst.idle:
+            yield self.env.timeout(min(1.0, self.spec.interval_s))
+        if inst.draining:
+            inst.active = False
+            inst.draining = False
+            inst.power(False)
+            self.cluster.recorder.event(self.env.now, "instance_off", inst.name)
