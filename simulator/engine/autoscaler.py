@@ -3,6 +3,7 @@ instances on (after a cold start) or drains them (no new work; off once idle).""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -63,13 +64,18 @@ class Autoscaler:
             powered = [x for x in self.instances if x.active or x.index in self.starting]
             serving = [x for x in self.instances if x.accepting]
             if signal > spec.scale_out_above and len(powered) < spec.max_instances:
-                off = next(x for x in self.instances
-                           if not x.active and x.index not in self.starting)
-                self.starting.add(off.index)
-                off.power(True)
-                self.cluster.recorder.event(env.now, "scale_out",
-                                            f"{off.name} (signal {signal:.4g})")
-                env.process(self._start(off))
+                add = 1
+                if spec.proportional and powered and signal != float("inf"):
+                    want = math.ceil(len(powered) * signal / spec.scale_out_above)
+                    add = max(1, want - len(powered))
+                add = min(add, spec.max_instances - len(powered))
+                for off in [x for x in self.instances
+                            if not x.active and x.index not in self.starting][:add]:
+                    self.starting.add(off.index)
+                    off.power(True)
+                    self.cluster.recorder.event(env.now, "scale_out",
+                                                f"{off.name} (signal {signal:.4g})")
+                    env.process(self._start(off))
                 last_action = env.now
             elif signal < spec.scale_in_below and len(serving) > spec.min_instances:
                 victim = min(serving, key=lambda x: (x.outstanding, -x.index))

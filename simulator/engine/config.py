@@ -229,6 +229,9 @@ class AutoscaleSpec(Spec):
         "of the last interval, s)."))
     scale_out_above: float = Field(ge=0, description="Add an instance when the signal exceeds this.")
     scale_in_below: float = Field(ge=0, description="Drain an instance when the signal is below this.")
+    proportional: bool = Field(False, description=(
+        "Scale out by ceil(n x signal / scale_out_above) - n instances at once (as the "
+        "Kubernetes HPA does) instead of one at a time."))
     interval_s: float = Field(10.0, gt=0, description="How often the policy looks.")
     cooldown_s: float = Field(60.0, ge=0, description="Quiet time after any scaling action.")
     load_bandwidth_gb_per_s: float = Field(5.0, gt=0, description=(
