@@ -13,8 +13,17 @@ from simulator.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 
+# libyaml is faster and bounds nesting depth itself; the pure-Python loader is the fallback.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_MAGNITUDE = 2**53
+"""Largest number accepted in a file: doubles (and JSON) hold integers exactly up to here."""
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; a missing, empty or malformed file is a :class:`ConfigError`."""
+    """Parse a YAML file; a missing, empty or malformed file is a :class:`ConfigError`.
+
+    A key repeated in one mapping is an error too (YAML loaders otherwise keep the last).
+    """
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -24,26 +33,119 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError("is a directory, expected a YAML file", file=file) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read file ({exc.__class__.__name__})", file=file) from None
+    loader = _LOADER(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            raise ConfigError("file is empty, expected a mapping of keys", file=file)
+        _check_duplicate_keys(node, file)
+        data = loader.construct_document(node)
+    except yaml.reader.ReaderError as exc:
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character or "?")
+        raise ConfigError(f"malformed YAML: {exc.reason} (character U+{char:04X} at offset "
+                          f"{exc.position})", file=file) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"malformed YAML{where}: {problem}", file=file) from None
+    except RecursionError:
+        raise ConfigError("malformed YAML: nested too deeply", file=file) from None
+    except (ValueError, OverflowError) as exc:  # e.g. a date 2024-13-45, a 5000-digit int
+        reason = str(exc).split(";")[0].splitlines()[0]
+        raise ConfigError(f"malformed YAML: unreadable value ({reason})", file=file) from None
+    finally:
+        loader.dispose()
     if data is None:
         raise ConfigError("file is empty, expected a mapping of keys", file=file)
     return data
 
 
-def format_loc(loc: tuple[Any, ...]) -> str:
-    """Turn a pydantic error location into a dotted key path (`a.b[0].c`)."""
+def _check_duplicate_keys(root: yaml.Node, file: str) -> None:
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:  # aliases share nodes; visit each once
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[tuple[str, str]] = set()
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.value == "<<":
+                    stack.append((value_node, path))
+                    continue
+                child = f"{path}.{key_node.value}" if path else str(key_node.value)
+                ident = (key_node.tag, key_node.value)
+                if ident in keys:
+                    line = key_node.start_mark.line + 1
+                    raise ConfigError(f"duplicate key (again at line {line}); each key may "
+                                      "appear once in a mapping", file=file, key=child)
+                keys.add(ident)
+                stack.append((value_node, child))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
+
+
+def check_numbers(data: Any, file: str | None = None, prefix: str = "") -> None:
+    """Reject NaN, infinities and numbers beyond +-2**53 anywhere in ``data``.
+
+    No field means "unbounded" by a huge number, and such values only overflow later
+    (in sampling, in int64 arrays) far from the key that caused them.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(data, prefix)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict | list):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, value in items:
+                if isinstance(node, list):
+                    child = f"{path}[{key}]"
+                else:
+                    child = f"{path}.{key}" if path else str(key)
+                stack.append((value, child))
+        elif isinstance(node, int | float) and not isinstance(node, bool) and not (
+                -MAX_MAGNITUDE <= node <= MAX_MAGNITUDE):  # NaN fails both comparisons
+            if isinstance(node, int):
+                shown = f"an integer of {len(format(abs(node), 'x')) * 4} bits"
+            else:
+                shown = repr(node)
+            raise ConfigError(f"number out of range (got {shown}); numbers must be finite "
+                              f"and at most 2**53 = {MAX_MAGNITUDE} in magnitude",
+                              file=file, key=path or None)
+
+
+def format_loc(loc: tuple[Any, ...], data: Any = None, kind: str = "") -> str:
+    """Turn a pydantic error location into a dotted key path (`a.b[0].c`).
+
+    With the validated ``data``, segments that are not keys of the document (the member
+    labels pydantic adds inside a union, such as ``int`` or ``literal['auto']``) are
+    dropped; a discriminated union's tag (``arrival.poisson.rate_per_s``) is kept.
+    """
     parts: list[str] = []
-    for item in loc:
+    node = data
+    for i, item in enumerate(loc):
+        if isinstance(item, str) and item.startswith(("function-", "tagged-union[")):
+            continue
+        if data is not None:
+            last = i == len(loc) - 1
+            if isinstance(node, dict):
+                if item in node:
+                    node = node[item]
+                elif node.get("kind") == item:
+                    pass  # discriminator tag: stay on this mapping
+                elif not (last and kind in {"missing", "extra_forbidden"}):
+                    continue  # a union member's label, not a key of the file
+            elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+                node = node[item]
+            else:
+                break  # below a scalar: only labels can follow
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif isinstance(item, str) and item.startswith(("function-", "tagged-union[")):
-            continue
         else:
             parts.append(("." if parts else "") + str(item))
     return "".join(parts) or "<top level>"
@@ -72,22 +174,32 @@ def _describe(error: dict[str, Any]) -> str:
     return msg
 
 
-def validation_to_config_error(exc: ValidationError, file: str | None) -> ConfigError:
-    """The first pydantic error as a ConfigError (the others are counted, not dropped)."""
+def validation_to_config_error(exc: ValidationError, file: str | None,
+                                data: Any = None) -> ConfigError:
+    """The first pydantic error as a ConfigError (the others are counted, not dropped).
+
+    ``data`` (what was validated) lets the key path follow the document's own keys.
+    """
     errors = exc.errors()
     first = errors[0]
     message = _describe(first)  # type: ignore[arg-type]
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more error(s) in this file)"
-    return ConfigError(message, file=file, key=format_loc(tuple(first["loc"])))
+    key = format_loc(tuple(first["loc"]), data, str(first.get("type", "")))
+    return ConfigError(message, file=file, key=key)
 
 
 def validate(model: type[M], data: Any, file: str | None = None, prefix: str = "") -> M:
-    """Validate ``data`` as ``model``; errors name ``file`` and the key path."""
+    """Validate ``data`` as ``model``; errors name ``file`` and the key path.
+
+    Numbers are checked first (:func:`check_numbers`), so NaN, infinities and numbers
+    beyond 2**53 are reported at their own key rather than overflowing later.
+    """
+    check_numbers(data, file, prefix)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = validation_to_config_error(exc, file)
+        err = validation_to_config_error(exc, file, data)
         if prefix:
             err = ConfigError(err.message, file=err.file, key=f"{prefix}.{err.key}")
         raise err from None

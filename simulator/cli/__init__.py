@@ -8,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from simulator.cli import compare_cmd, profiles_cmd, run_cmd  # noqa: F401  (registers commands)
 from simulator.cli import schema_cmd  # noqa: F401  (registers `schema`)
@@ -16,24 +17,40 @@ from simulator.cli import validate_cmd  # noqa: F401  (validate, calibrate, vali
 from simulator.cli.app import app
 from simulator.errors import EXIT_SIM_FAILURE, SimulatorError
 
+if TYPE_CHECKING:
+    import click
 
-def main(argv: list[str] | None = None) -> None:
+
+def main(argv: list[str] | None = None, command: click.Command | None = None) -> None:
+    """Run the CLI and map every failure to its exit code and one line on stderr.
+
+    ``command`` is the click command built from ``app``; it is built here unless given
+    (callers that invoke the CLI many times in one process build it once with
+    ``typer.main.get_command(app)``).
+    """
     try:
-        app(args=argv, standalone_mode=True)
+        if command is None:
+            app(args=argv, standalone_mode=True)
+        else:
+            command.main(args=argv, standalone_mode=True)
     except SimulatorError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {_one_line(str(exc))}\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
     except Exception as exc:  # a bug: say so in one line, keep the details available
-        sys.stderr.write(f"internal error: {type(exc).__name__}: {exc} "
+        sys.stderr.write(f"internal error: {type(exc).__name__}: {_one_line(str(exc))} "
                          "(set DISAGG_SIM_DEBUG=1 for the traceback)\n")
         import os
 
         if os.environ.get("DISAGG_SIM_DEBUG"):
             raise
         sys.exit(EXIT_SIM_FAILURE)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 __all__ = ["app", "main"]

@@ -39,7 +39,7 @@ def compare(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override KEY=VALUE in "
                                                    "every scenario (repeatable).")] = None,
-    seed: Annotated[int | None, typer.Option(help="Override every scenario's seed.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Override every scenario's seed.")] = None,
     csv: Annotated[Path | None, typer.Option(help="Also write the table as CSV.")] = None,
 ) -> None:
     """Simulate several scenarios and print goodput and p90 TTFT/TPOT side by side."""

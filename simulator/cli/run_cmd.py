@@ -17,7 +17,7 @@ def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
     out: Annotated[Path | None, typer.Option(help="Write summary, frames and the resolved "
                                                   "scenario to this folder.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Override the scenario's seed.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Write a Chrome/Perfetto trace-event "
                                                     "JSON file of the run.")] = None,
     step_by_step: Annotated[bool, typer.Option(help="Disable decode fast-forward "

@@ -86,7 +86,7 @@ def calibrate(
                                            "manifest.")] = Path("calibrated"),
     holdout: Annotated[float, typer.Option(min=0.0, max=0.9, help=(
         "Share of each (device, op) group held out of the fit and reported separately."))] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed of the hold-out split.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the hold-out split.")] = 0,
 ) -> None:
     """Fit DEVICE's efficiency factors and link terms to OPS; write a calibrated profile."""
     import numpy as np

@@ -73,6 +73,7 @@ class Cluster:
     transfer: TransferPlan = field(default_factory=TransferPlan)
     on_finished: Callable[[Request], None] = lambda _r: None
     fast_forward: bool = True
+    prefix_block_tokens: int = 512
 
     def __post_init__(self) -> None:
         self.instances: list[Instance] = []
@@ -80,7 +81,7 @@ class Cluster:
             inst = Instance(
                 self.env, i, spec.name, spec.pool, spec.role, spec.cost, spec.kv_blocks,
                 spec.block_size, spec.scheduler, self.recorder, self._prefilled,
-                self._complete, self._kv_freed, self.fast_forward,
+                self._complete, self._kv_freed, self.fast_forward, self.prefix_block_tokens,
             )
             if not spec.active:
                 inst.active = False

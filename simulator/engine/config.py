@@ -132,6 +132,9 @@ class WorkloadSpec(Spec):
     num_requests: int | None = Field(None, gt=0, description="Stop after this many requests.")
     duration_s: float | None = Field(None, gt=0, description="Stop issuing after this time.")
     shared_prefix: SharedPrefix | None = Field(None, description="Optional shared prefixes.")
+    prefix_block_tokens: int = Field(512, gt=0, description=(
+        "Tokens per prefix hash block (Mooncake traces: 512); prefix caching reuses whole "
+        "blocks."))
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSpec:
@@ -158,13 +161,17 @@ class SchedulerSpec(Spec):
                                                            "(default: the serving engine's).")
     memory_utilization: float | None = Field(None, gt=0, le=1, description=(
         "Fraction of device memory the engine may use (default: the serving engine's)."))
+    prefix_caching: bool = Field(False, description=(
+        "Keep the KV of finished prompts as a block-hash prefix cache (LRU eviction of "
+        "unpinned blocks); a request whose prompt starts with cached blocks skips them."))
     preemption: Literal["recompute"] = Field("recompute", description=(
         "What happens to a sequence evicted for lack of KV: its KV is dropped and it is "
         "prefilled again."))
 
 
 RoutingPolicy = Literal[
-    "round_robin", "least_outstanding", "least_tokens", "power_of_two", "least_kv", "random"
+    "round_robin", "least_outstanding", "least_tokens", "power_of_two", "least_kv", "random",
+    "prefix_affinity",
 ]
 
 

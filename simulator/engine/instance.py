@@ -33,6 +33,7 @@ from simulator.cost.batch import BatchShape
 from simulator.cost.step import InstanceCostModel, StepCost
 from simulator.engine.config import SchedulerSpec
 from simulator.engine.kv import BlockManager
+from simulator.engine.prefix_cache import PrefixCache
 from simulator.engine.recorder import BOUNDS
 from simulator.engine.request import Request
 
@@ -65,6 +66,7 @@ class Instance:
         on_complete: Callable[[Instance, Request], None],
         on_kv_freed: Callable[[Instance], None],
         fast_forward: bool = True,
+        prefix_block_tokens: int = 512,
     ) -> None:
         self.env = env
         self.index = index
@@ -72,7 +74,11 @@ class Instance:
         self.pool = pool
         self.role = role
         self.cost = cost
-        self.kv = BlockManager(kv_blocks, block_size)
+        cache = None
+        if scheduler.prefix_caching and role != "decode":
+            cache = PrefixCache(prefix_block_tokens, block_size)
+        self.cache = cache
+        self.kv = BlockManager(kv_blocks, block_size, cache)
         self.sched = scheduler
         self.recorder = recorder
         self._on_prefilled = on_prefilled
@@ -197,7 +203,7 @@ class Instance:
 
     def release_held(self, req: Request) -> None:
         """Prefill role: the request's KV has left; free its blocks."""
-        self.kv.release(req.src_blocks)
+        self._free_request_kv(req, req.src_blocks)
         req.src_blocks = 0
         del self.held_reqs[req.id]
         self._on_kv_freed(self)
@@ -310,20 +316,21 @@ class Instance:
             return None
         n = len(decodes)
         ctx = np.array([r.prompt_tokens + r.generated for r in decodes], dtype=np.int64)
-        held = np.array([r.blocks for r in decodes], dtype=np.int64)
+        pinned = np.array([self._pinned_blocks(r) for r in decodes], dtype=np.int64)
+        held = np.array([r.blocks for r in decodes], dtype=np.int64) + pinned
         bs = self.kv.block_size
         # Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs;
         # step 0's blocks were allocated when the batch was formed.
         steps = np.arange(remaining, dtype=np.int64)
         need = -(-(ctx[None, :] + steps[:, None]) // bs) - held[None, :]
         extra = np.maximum(need, 0).sum(axis=1)
-        fits = extra <= self.kv.free
+        fits = extra <= self.kv.available
         k = int(remaining if fits[-1] else np.argmin(fits))
         if k < _MIN_JUMP:
             return None
         ctx_sums = int(ctx.sum()) + n * steps[:k]
         series = self.cost.decode_series(n, ctx_sums)
-        return k, series.seconds, series.bound, (ctx, held, extra[:k], series)
+        return k, series.seconds, series.bound, (ctx, held, extra[:k], series, pinned)
 
     def _jump(self, decodes: list[Request], k: int, seconds: np.ndarray,
               bounds: np.ndarray, kv: Any) -> Generator[simpy.Event, Any, None]:
@@ -352,7 +359,7 @@ class Instance:
 
     def _apply_jump(self, decodes: list[Request], done: int, start: float, ends: np.ndarray,
                     seconds: np.ndarray, bounds: np.ndarray, kv: Any, committed: int) -> None:
-        ctx, held, extra, series = kv
+        ctx, held, extra, series, pinned = kv
         bs = self.kv.block_size
         starts = np.concatenate(([start], ends[: done - 1]))
         n = len(decodes)
@@ -362,7 +369,7 @@ class Instance:
             self.kv.allocate(rest)
         else:  # a reader booked the step that starts exactly at the cut: give it back
             self.kv.release(-rest)
-        blocks = np.maximum(held, -(-(ctx + done - 1) // bs)).tolist()
+        blocks = (np.maximum(held, -(-(ctx + done - 1) // bs)) - pinned).tolist()
         self.recorder.steps_bulk(
             self.index, starts, seconds[:done], n, int(ctx.sum()) + n * np.arange(done),
             kv_used, self.kv.total, len(self.waiting), len(self.running), bounds[:done],
@@ -396,7 +403,7 @@ class Instance:
         Returns False if ``req`` cannot decode this step (it was preempted, or every
         possible victim is in flight in another micro-batch).
         """
-        need = self.kv.blocks_for(req.context_tokens) - req.blocks
+        need = self.kv.blocks_for(req.context_tokens) - req.blocks - self._pinned_blocks(req)
         while need > 0 and not self.kv.can_allocate(need):
             victim = next((r for r in reversed(self.running) if not r.in_flight), None)
             if victim is None:
@@ -409,9 +416,24 @@ class Instance:
             req.blocks += need
         return True
 
+    def _free_request_kv(self, req: Request, owned: int) -> None:
+        """Give back a request's KV; with a prefix cache its full prompt blocks stay cached."""
+        cache = self.cache
+        if cache is None or not req.block_hashes:
+            self.kv.release(owned)
+            return
+        pins = req.cache_pins
+        full = min(len(req.block_hashes), req.prompt_tokens // cache.block_tokens)
+        computed = req.block_hashes[pins:full]
+        kept = cache.insert(computed) * cache.blocks_per_entry
+        kept = min(kept, owned)
+        self.kv.release(owned - kept)
+        cache.unpin(req.block_hashes[:pins])
+        req.cache_pins = 0
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.kv.release(req.blocks)
+        self._free_request_kv(req, req.blocks)
         req.reset_for_recompute()
         req.status = "queued"
         self.waiting.appendleft(req)
@@ -430,13 +452,53 @@ class Instance:
                 decodes.append(req)
         return [r for r in decodes if r.status == "decode"]
 
+    def _usable_hashes(self, req: Request) -> list[int]:
+        """Hash blocks of the prompt a cache hit may cover (at least one token is computed)."""
+        cache = self.cache
+        if cache is None or not req.block_hashes:
+            return []
+        limit = min(len(req.block_hashes), (req.prompt_tokens - 1) // cache.block_tokens)
+        return req.block_hashes[:limit]
+
+    def _pinned_blocks(self, req: Request) -> int:
+        """KV blocks of ``req`` that the prefix cache owns (its pinned leading blocks)."""
+        return req.cache_pins * self.cache.blocks_per_entry if self.cache is not None else 0
+
+    def prefix_match_tokens(self, req: Request) -> int:
+        """Prompt tokens this instance's prefix cache would spare ``req`` now."""
+        if self.cache is None:
+            return 0
+        return self.cache.match(self._usable_hashes(req)) * self.cache.block_tokens
+
     def _admit(self, req: Request) -> bool:
         """Move the head of the waiting queue into running if its prompt's KV fits."""
+        hit = 0
+        cache = self.cache
+        if cache is not None:
+            usable = self._usable_hashes(req)
+            hit = cache.match(usable)
+            cache.pin(usable[:hit])
         need = self.kv.blocks_for(req.prefill_target + 1)
+        if hit:
+            need = max(0, need - hit * cache.blocks_per_entry)  # type: ignore[union-attr]
         if not self.kv.can_allocate(need):
+            if hit:
+                cache.unpin(req.block_hashes[:hit])  # type: ignore[union-attr, index]
             return False
         self.kv.allocate(need)
         req.blocks = need
+        if cache is not None:
+            req.cache_pins = hit
+            tokens = hit * cache.block_tokens
+            cache.lookups_tokens += req.prompt_tokens
+            cache.hits_tokens += tokens
+            if req.prefill_start_s != req.prefill_start_s:  # first admission: record the hit
+                req.cached_tokens = tokens
+                if tokens:
+                    full = self.cost.step(BatchShape.prefill(req.prompt_tokens)).seconds
+                    rest = self.cost.step(BatchShape.prefill(req.prompt_tokens, tokens)).seconds
+                    req.prefill_saved_s = full - rest
+            req.prefilled = tokens
         self.waiting.popleft()
         self.queued_tokens -= req.prefill_target
         self.running.append(req)
@@ -468,7 +530,7 @@ class Instance:
             req = self.waiting[0]
             if not self._admit(req):
                 break
-            n = min(req.prefill_target, budget)
+            n = min(req.prefill_target - req.prefilled, budget)
             chunks.append((req, n))
             budget -= n
             seqs += 1
@@ -482,11 +544,11 @@ class Instance:
         chunks: list[tuple[Request, int]] = []
         while self.waiting and self._room() and len(chunks) < self.sched.max_num_seqs:
             req = self.waiting[0]
-            n = req.prefill_target
-            if n > budget and chunks:  # a prompt larger than the budget runs alone
+            if req.prefill_target > budget and chunks:  # a prompt larger than the budget runs alone
                 break
             if not self._admit(req):
                 break
+            n = req.prefill_target - req.prefilled  # cached prefix blocks are skipped
             chunks.append((req, n))
             budget -= n
         if chunks:
@@ -541,6 +603,7 @@ class Instance:
             req.in_flight = False
             req.blocks = 0
             req.src_blocks = 0
+            req.cache_pins = 0
         self.alive = False
         self.epoch += 1
         if self.process.is_alive:
@@ -616,7 +679,7 @@ class Instance:
         if self.collect_signals and req.generated > 1:
             self.signal_tpot.append((self.env.now - req.first_token_s) / (req.generated - 1))
         self.running.remove(req)
-        self.kv.release(req.blocks)
+        self._free_request_kv(req, req.blocks)
         req.blocks = 0
         req.completion_s = self.env.now
         req.status = "completed"

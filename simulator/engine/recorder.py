@@ -136,7 +136,7 @@ class Recorder:
     def requests_frame(self, instance_names: list[str]) -> pd.DataFrame:
         reqs = self.requests
         fields = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
-                  "prefix_tokens", "prefill_start_s", "prefill_end_s", "first_token_s",
+                  "prefix_tokens", "cached_tokens", "prefill_saved_s", "prefill_start_s", "prefill_end_s", "first_token_s",
                   "transfer_wait_s", "transfer_start_s", "transfer_end_s", "decode_admit_s",
                   "decode_start_s", "second_token_s", "completion_s", "preemptions", "restarts", "prefill_instance",
                   "decode_instance", "status", "reason")

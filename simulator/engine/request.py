@@ -14,6 +14,8 @@ class Request:
         "arrival_s",
         "block_hashes",
         "blocks",
+        "cache_pins",
+        "cached_tokens",
         "completion_s",
         "decode_admit_s",
         "decode_instance",
@@ -25,6 +27,7 @@ class Request:
         "output_tokens",
         "prefill_end_s",
         "prefill_instance",
+        "prefill_saved_s",
         "prefill_start_s",
         "prefill_target",
         "prefilled",
@@ -56,6 +59,9 @@ class Request:
         self.blocks = 0
         self.in_flight = False  # part of a micro-batch still in the pipeline
         self.src_blocks = 0  # KV blocks still held on the prefill instance during a hand-off
+        self.cache_pins = 0  # leading prefix-cache blocks this request pins where it is
+        self.cached_tokens = 0  # prompt tokens its first prefill found in the prefix cache
+        self.prefill_saved_s = 0.0  # estimated prefill time those cached tokens saved
         self.block_hashes: list[int] | None = None
         self.preemptions = 0
         self.restarts = 0  # times a failure sent it back to be prefilled or placed again

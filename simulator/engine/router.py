@@ -64,6 +64,20 @@ def power_of_two(candidates: Sequence[Routable], _req: Request, state: RouterSta
     return ca if (ca.outstanding, ca.index) <= (cb.outstanding, cb.index) else cb
 
 
+def prefix_affinity(candidates: Sequence[Routable], req: Request, _s: RouterState,
+                    _k: str) -> Routable:
+    """Least prefill work after cache hits: queued tokens + the prompt's uncached tokens.
+
+    An instance that already holds the prompt's prefix wins unless its queue outweighs
+    the tokens the hit would save, so cache affinity is balanced against load.
+    """
+    def work(c: Routable) -> tuple[int, int, int]:
+        hit = c.prefix_match_tokens(req)  # type: ignore[attr-defined]
+        return (c.queued_tokens + req.prompt_tokens - hit, c.outstanding, c.index)
+
+    return min(candidates, key=work)
+
+
 def random_choice(candidates: Sequence[Routable], _req: Request, state: RouterState,
                   _k: str) -> Routable:
     return candidates[int(state.rng.integers(len(candidates)))]
@@ -85,5 +99,6 @@ for _name, _policy in (
     ("least_kv", least_kv),
     ("power_of_two", power_of_two),
     ("random", random_choice),
+    ("prefix_affinity", prefix_affinity),
 ):
     register(_name, _policy)

@@ -150,6 +150,11 @@ class Workload:
     def _make(self, t: float, prompt: int, output: int, group: int = -1,
               prefix_tokens: int = 0) -> Request:
         req = Request(self.issued, t, prompt, output, group, prefix_tokens)
+        if group >= 0:
+            # A shared prefix is a chain of hash blocks named by its group; negative ids
+            # never collide with trace hash ids (which are >= 0).
+            blocks = prefix_tokens // self.spec.prefix_block_tokens
+            req.block_hashes = [-(group * 1_000_003 + i) - 1 for i in range(blocks)]
         self.issued += 1
         return req
 

@@ -160,6 +160,13 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     summary["slo_attainment"] = float(met.sum() / len(reqs)) if len(reqs) else float("nan")
     summary["goodput"] = float(met.sum()) / duration if len(done) else 0.0
     summary["preemptions"] = int(reqs["preemptions"].sum())
+    if "cached_tokens" in reqs:
+        started = reqs[reqs["prefill_start_s"].notna()]
+        prompt = float(started["prompt_tokens"].sum())
+        cached = float(started["cached_tokens"].sum())
+        summary["prefix_hit_rate"] = cached / prompt if prompt else 0.0
+        summary["prefill_tokens_saved"] = int(cached)
+        summary["prefill_seconds_saved"] = float(started["prefill_saved_s"].sum())
     # Utilisation: share of the run each pool's instances spent in steps.
     if len(steps) and duration == duration:
         busy = steps.groupby("pool", observed=True)["duration_s"].sum()

@@ -40,8 +40,11 @@ def slo_targets(frame: pd.DataFrame) -> dict[str, float]:
 def _group(frame: pd.DataFrame, x: str, group: Sequence[str] | None) -> list[str]:
     if group is not None:
         return list(group)
-    # The load axis (the rate) runs along the curve, whether x is the rate or a throughput.
-    return [a for a in axis_columns(frame) if a not in (x, RATE)]
+    axes = axis_columns(frame)
+    if x in axes:
+        return [a for a in axes if a != x]
+    # x is a measured throughput: the rate axis still runs along each curve.
+    return [a for a in axes if a != RATE]
 
 
 def _line(ax, xs: np.ndarray, mean: np.ndarray, half: np.ndarray, **style) -> None:
@@ -61,7 +64,8 @@ def _series(frame: pd.DataFrame, x: str, group: list[str], metrics: list[str]
         raise ConfigError("no successful runs to plot")
     xcol = x if x_is_axis else f"{x}_mean"
     table = table.assign(_x=table[xcol], _label=config_labels(table, group))
-    return [(name, part.sort_values("_x")) for name, part in table.groupby("_label", sort=False)]
+    return [(str(name), part.sort_values("_x"))
+            for name, part in table.groupby("_label", sort=False)]
 
 
 def latency_vs_throughput(frame: pd.DataFrame, *, x: str = RATE,

@@ -331,9 +331,13 @@ class Planner:
             need = {s.device: 0 for s in family.shapes}
             for s, n in zip(family.shapes, counts, strict=True):
                 need[s.device] += n * s.tp * s.pp
-            self.reject(family, "cost-model lower bound needs "
-                        + ", ".join(f"{n} {d} (limit {self.limits[d]})" for d, n in need.items())
-                        + f" instances {counts} (limit {self.spec.max_instances_per_pool}/pool)")
+            pools = ", ".join(f"{n} {role} instance(s) (<= {c:.3g} req/s each)"
+                              for role, n, c in zip(family.roles, counts, caps, strict=True))
+            self.reject(family, f"the cost model's capacity estimate needs at least {pools} "
+                        f"= {', '.join(f'{n} {d}' for d, n in need.items())} for "
+                        f"{self.spec.rate:g} req/s; limits: "
+                        f"{', '.join(f'{self.limits[d]} {d}' for d in need)}, "
+                        f"{self.spec.max_instances_per_pool} instances per pool")
         return cand
 
     def grow(self, cand: Candidate) -> Candidate | None:
@@ -387,14 +391,14 @@ class Planner:
             for task, outcome in self.executor.map_unordered(execute_run, batch):
                 family = by_id[task.run_id]
                 cand, tries = active[family]
-                row = outcome[0] if isinstance(outcome, tuple) else {
+                row: dict[str, Any] = outcome[0] if isinstance(outcome, tuple) else {
                     "status": "failed", "error": str(outcome)}
                 cand.summary = row
                 self.simulated.append(cand)
                 if row.get("status") != "ok":
                     self.reject(family, f"simulation failed: {row.get('error')}")
                     del active[family]
-                elif row.get("slo_attainment", 0.0) >= self.spec.attainment:
+                elif float(row.get("slo_attainment", 0.0)) >= self.spec.attainment:
                     self.feasible.append(cand)
                     del active[family]
                 elif tries + 1 >= self.spec.max_simulations_per_family:

@@ -50,7 +50,8 @@ class Simulation:
         transfer = TransferPlan(sc.cluster.kv_transfer.mode, plan.transfer_path,
                                 plan.model.num_layers)
         cluster = Cluster(env, plan.instances, sc.cluster.router, RouterState(rngs["routing"]),
-                          recorder, transfer, fast_forward=sc.simulation.fast_forward)
+                          recorder, transfer, fast_forward=sc.simulation.fast_forward,
+                          prefix_block_tokens=sc.workload.prefix_block_tokens)
         capacity = _admissible_tokens(cluster)
 
         def submit(req: Request) -> None:

@@ -21,7 +21,8 @@ atomic rename, so it exists whole or not at all; a restarted sweep skips the run
 row is there (and retries failed ones). ``results.parquet`` (one row per run, in expansion
 order) is rebuilt from those rows, again by atomic rename, when the sweep ends or stops;
 ``aggregate.parquet`` has one row per configuration with the mean and 95 % confidence
-interval of every metric over the seeds. With ``frames: true`` each run's request/step/transfer frames go to ``runs/<id>/``.
+interval of every metric over the seeds. With ``frames: true`` each run's request, step
+and transfer frames go to ``runs/<id>/``.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ def execute_run(task: RunTask) -> tuple[dict[str, Any], Any]:
 
 
 # ----- results on disk --------------------------------------------------------------
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     write(tmp)
     os.replace(tmp, path)
