@@ -179,3 +179,31 @@ def test_bad_fault_messages() -> None:
         make_scenario(**{"cluster.pools.main.autoscale": {
             "max_instances": 2, "signal": "running", "scale_out_above": 1,
             "scale_in_below": 5}})
+
+
+def test_monitoring_series_add_up(tmp_path: Path) -> None:
+    res = run(one_p_two_d(faults=[{"kind": "instance_failure", "target": "decode/0",
+                                   "at_s": 100, "duration_s": 60}]), base_dir=PHASE)
+    inst = res.monitoring(20.0, per_instance=True)
+    # Busy seconds per instance equal the steps' durations (steps never overlap here).
+    for name, g in inst.groupby("instance_name"):
+        steps = res.steps[res.steps["instance_name"] == name]
+        assert (g["busy"] * 20.0).sum() == pytest.approx(steps["duration_s"].sum(), rel=1e-9)
+        assert (g["compute_util"] + g["memory_util"] <= g["busy"] + 1e-9).all()
+    d0 = inst[(inst["instance_name"] == "decode/0") & (inst["time_s"] >= 100)
+              & (inst["time_s"] < 160)]
+    assert (d0["busy"] == 0).all()  # dead instance: no work
+    pools = res.monitoring(20.0)
+    assert set(pools["pool"]) == {"prefill", "decode"}
+    cluster_wide = pools.drop_duplicates("time_s")  # request columns repeat on each pool row
+    assert cluster_wide["completed"].sum() == res.summary["completed"]
+    assert cluster_wide["restarts"].sum() == res.summary["retries"]
+    out = res.save(tmp_path / "run")
+    assert (out / "monitoring.parquet").is_file()
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    cli = CliRunner().invoke(app, ["plot", str(out), "--kind", "monitoring", "--format", "png"])
+    assert cli.exit_code == 0, cli.output
+    assert (out / "plots" / "monitoring.png").is_file()

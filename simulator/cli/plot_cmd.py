@@ -22,6 +22,7 @@ class Kind(StrEnum):
     pd_heatmap = "pd-heatmap"
     cdf = "cdf"
     timeline = "timeline"
+    monitoring = "monitoring"
 
 
 SWEEP_KINDS = {Kind.latency, Kind.goodput, Kind.pareto, Kind.pd_heatmap}
@@ -147,6 +148,20 @@ def _figure(results: Path, kind: Kind, *, xcol: str, metric: str,
         frames, slo = _run_frames(results, run_id, kind)
         if kind == Kind.cdf:
             fig = plots.latency_cdf({k: v["requests"] for k, v in frames.items()}, slo=slo)
+        elif kind == Kind.monitoring:
+            from simulator.metrics.monitoring import pool_timeseries
+
+            name, first = next(iter(frames.items()))
+            interval = 10.0
+            resolved = results / "scenario.resolved.yaml"
+            if resolved.is_file():
+                sim = yaml.safe_load(resolved.read_text()).get("simulation") or {}
+                interval = float(sim.get("monitor_interval_s", interval))
+            events_path = results / "events.parquet"
+            events = pd.read_parquet(events_path) if events_path.is_file() else None
+            fig = plots.monitoring_plot(
+                pool_timeseries(first["steps"], first["requests"], interval), events,
+                title=f"Monitoring: {name}")
         else:
             name, first = next(iter(frames.items()))
             fig = plots.run_timeline(first["steps"], title=f"Run timeline: {name}")

@@ -4,6 +4,7 @@ Nothing in ``engine/`` or ``cost/`` imports this package. ``disagg-sim plot`` wr
 """
 
 from simulator.plots.common import save
+from simulator.plots.monitoring import monitoring_plot
 from simulator.plots.runs import latency_cdf, run_timeline
 from simulator.plots.sweep import (
     cost_vs_goodput,
@@ -18,6 +19,7 @@ __all__ = [
     "goodput_vs_rate",
     "latency_cdf",
     "latency_vs_throughput",
+    "monitoring_plot",
     "pareto_front",
     "pd_ratio_heatmap",
     "run_timeline",

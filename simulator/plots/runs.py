@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from simulator.errors import ConfigError
+from simulator.metrics.monitoring import busy_per_bin, last_in_bin
 from simulator.plots.common import new_figure
 
 
@@ -51,29 +52,6 @@ def latency_cdf(requests: Mapping[str, pd.DataFrame], *,
     return fig
 
 
-def _busy(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Seconds of the intervals ``[start, end)`` (sorted, disjoint) inside each bin."""
-    order = np.argsort(start, kind="stable")
-    start, end = start[order], end[order]
-    done = np.concatenate([[0.0], np.cumsum(end - start)])
-
-    def cumulative(t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(start, t, side="right")  # intervals begun by t
-        partial = np.where(k > 0, np.minimum(t - start[np.maximum(k - 1, 0)],
-                                             (end - start)[np.maximum(k - 1, 0)]), 0.0)
-        return done[np.maximum(k - 1, 0)] * (k > 0) + partial
-
-    return np.diff(cumulative(edges))
-
-
-def _last_in_bin(times: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """The value last recorded at or before each bin's end (0 before the first record)."""
-    order = np.argsort(times, kind="stable")
-    times, values = times[order], values[order]
-    k = np.searchsorted(times, edges[1:], side="right")
-    return np.where(k > 0, values[np.maximum(k - 1, 0)], 0.0)
-
-
 def run_timeline(steps: pd.DataFrame, *, bins: int = 200, title: str = "") -> Figure:
     """Instance activity, queue lengths and KV-cache use over simulated time.
 
@@ -103,13 +81,13 @@ def run_timeline(steps: pd.DataFrame, *, bins: int = 200, title: str = "") -> Fi
     for row, name in enumerate(names):
         s = steps[steps["instance_name"] == name]
         t0, t1 = s["start_s"].to_numpy(float), (s["start_s"] + s["duration_s"]).to_numpy(float)
-        activity[row] = _busy(t0, t1, edges) / width
+        activity[row] = busy_per_bin(t0, t1, edges) / width
         pool = s["pool"].iloc[0]
         # Steps record state when they start; a bin with no step at all means nothing ran.
         idle = activity[row] == 0
-        queue[pool] += np.where(idle, 0.0, _last_in_bin(t1, s["queue_len"].to_numpy(float), edges))
-        running[pool] += np.where(idle, 0.0, _last_in_bin(t1, s["running"].to_numpy(float), edges))
-        kv_used[pool] += _last_in_bin(t1, s["kv_used_blocks"].to_numpy(float), edges)
+        queue[pool] += np.where(idle, 0.0, last_in_bin(t1, s["queue_len"].to_numpy(float), edges))
+        running[pool] += np.where(idle, 0.0, last_in_bin(t1, s["running"].to_numpy(float), edges))
+        kv_used[pool] += last_in_bin(t1, s["kv_used_blocks"].to_numpy(float), edges)
         kv_total[pool] += float(s["kv_total_blocks"].max())
     image = ax_act.imshow(activity, aspect="auto", origin="lower", cmap="magma", vmin=0,
                           vmax=1, extent=(edges[0], edges[-1], -0.5, len(names) - 0.5),

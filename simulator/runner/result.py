@@ -25,6 +25,17 @@ class RunResult:
     wall_s: float = 0.0
     sim_events: int = 0
 
+    def monitoring(self, interval_s: float | None = None, *,
+                   per_instance: bool = False) -> pd.DataFrame:
+        """Monitoring time series per pool (or per instance), sampled every ``interval_s``
+        (default: the scenario's ``simulation.monitor_interval_s``)."""
+        from simulator.metrics.monitoring import instance_timeseries, pool_timeseries
+
+        step = interval_s or self.scenario.simulation.monitor_interval_s
+        if per_instance:
+            return instance_timeseries(self.steps, step)
+        return pool_timeseries(self.steps, self.requests, step)
+
     def save(self, out_dir: str | Path, *, frames: bool = True) -> Path:
         """Write summary JSON, the resolved scenario and (optionally) Parquet frames."""
         out = Path(out_dir)
@@ -38,6 +49,9 @@ class RunResult:
             self.transfers.to_parquet(out / "transfers.parquet", index=False)
             if len(self.events):
                 self.events.to_parquet(out / "events.parquet", index=False)
+            if len(self.steps):
+                self.monitoring(per_instance=True).to_parquet(out / "monitoring.parquet",
+                                                              index=False)
         return out
 
     def _repr_html_(self) -> str:

@@ -147,6 +147,8 @@ class SimulationSpec(Spec):
         "Stop the clock here; requests not finished are reported as in flight."))
     fast_forward: bool = Field(True, description=(
         "Advance decode-only stretches in one computed jump (identical results)."))
+    monitor_interval_s: float = Field(10.0, gt=0, description=(
+        "Sampling interval of the monitoring time series (`RunResult.monitoring()`)."))
 
 
 class Scenario(Spec):
