@@ -117,6 +117,19 @@ class InstanceCostModel:
         self._stage_layers = _split_layers(m.num_layers, par.pp, par.balanced_stages)
         self._stage_moe = _stage_moe_layers(m, self._stage_layers)
         self._decode_base: dict[int, StepCost] = {}
+        # Per-device constants of the roofline, looked up once (pricing runs every step).
+        dev, eff = self.device, self.device.efficiency
+        self._peak = dev.peak_flops(self._cp)
+        self._bw = dev.memory_bandwidth
+        self._launch = dev.kernel_launch_us * 1e-6
+        self._flat = eff.compute_curve is None and eff.memory_curve is None
+        self._eta_c = eff.eta_compute(1.0, self._cp)
+        self._eta_m = eff.memory
+        t = par.tp
+        self._attn_params = self._attn_weight_params_device()
+        self._attn_out = m.q_width / t + m.attn_out_width / t
+        self._ffn_params = m.ffn_params(m.intermediate_size) / t
+        self._ffn_width = m.intermediate_size / t
 
     # ----- per-device shapes -------------------------------------------------------
     @property
@@ -249,14 +262,23 @@ class InstanceCostModel:
         return self.step(batch).seconds
 
     # ----- operators -----------------------------------------------------------------
+    def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float) -> None:
+        """The roofline of one operator (``op_time``), added ``times`` times to ``acc``."""
+        if not self._flat:
+            t = op_time(self.device, self._cp, flops, nbytes, kernels)
+            acc.add_op(t.compute_s, t.memory_s, t.launch_s, times)
+            return
+        compute = flops / (self._peak * self._eta_c) if flops else 0.0
+        memory = nbytes / (self._bw * self._eta_m) if nbytes else 0.0
+        acc.add_op(compute, memory, kernels * self._launch, times)
+
     def _gemm(self, acc: _Acc, tokens: int, params: float, out_width: float,
               in_width: float, times: float, kernels: int = 1) -> None:
         if tokens <= 0 or times <= 0:
             return
         flops = 2.0 * tokens * params
         nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
-        t = op_time(self.device, self._cp, flops, nbytes, kernels)
-        acc.add_op(t.compute_s, t.memory_s, t.launch_s, times)
+        self._op(acc, flops, nbytes, kernels, times)
 
     def _layers(self, acc: _Acc, b: BatchShape, count: float, *, moe: bool,
                 decode_attention: bool = True) -> None:
@@ -265,22 +287,18 @@ class InstanceCostModel:
         m, par = self.model, self.parallelism
         t, h, tokens = par.tp, m.hidden_size, b.tokens
         # Attention projections (QKV + output) as one weight-streaming group of GEMMs.
-        attn_params = self._attn_weight_params_device()
-        self._gemm(acc, tokens, attn_params, m.q_width / t + m.attn_out_width / t,
-                   2 * h, count, kernels=2)
+        self._gemm(acc, tokens, self._attn_params, self._attn_out, 2 * h, count, kernels=2)
         self._attention(acc, b, count, decode_attention)
         if moe:
             self._moe(acc, b, count)
         else:
-            ffn_params = m.ffn_params(m.intermediate_size) / t
-            width = m.intermediate_size / t
-            self._gemm(acc, tokens, ffn_params, 2 * width, 2 * h, count, kernels=2)
+            self._gemm(acc, tokens, self._ffn_params, 2 * self._ffn_width, 2 * h, count,
+                       kernels=2)
         # Norms, residual adds, rotary, activation: bandwidth-bound elementwise kernels.
         ffn_width = (m.moe_intermediate_size * m.num_experts_per_token if moe
                      else m.intermediate_size) / t
         elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
-        e = op_time(self.device, self._cp, 0.0, elem_bytes, kernels=3)
-        acc.add_op(e.compute_s, e.memory_s, e.launch_s, count)
+        self._op(acc, 0.0, elem_bytes, 3, count)
         if t > 1 and self.links.tp is not None:
             acc.comm += 2 * allreduce_time(tokens * h * self._ab, t, self.links.tp) * count
 
@@ -296,12 +314,10 @@ class InstanceCostModel:
                 per_pair = 4 * heads * m.head_dim
             flops = per_pair * b.prefill_attn_pairs
             nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
-            op = op_time(self.device, self._cp, flops, nbytes)
-            acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
+            self._op(acc, flops, nbytes, 1, count)
         if b.decode_seqs and decode:
             flops, nbytes = self._decode_attention_work(b.decode_seqs, b.decode_ctx_tokens)
-            op = op_time(self.device, self._cp, flops, nbytes)
-            acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
+            self._op(acc, flops, nbytes, 1, count)
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism
@@ -316,8 +332,7 @@ class InstanceCostModel:
         width = m.moe_intermediate_size / par.expert_tp
         flops = 2.0 * tokens_here * expert_params
         nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
-        op = op_time(self.device, self._cp, flops, nbytes, kernels=2)
-        acc.add_op(op.compute_s, op.memory_s, op.launch_s, count)
+        self._op(acc, flops, nbytes, 2, count)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts
