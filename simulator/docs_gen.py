@@ -45,6 +45,10 @@ REFERENCES: tuple[tuple[str, str, str, str], ...] = (
     ("sweep.md", "simulator.runner.sweep:SweepSpec", "Sweep file reference",
      "A sweep YAML names a base scenario, the axes to vary (dotted paths to lists of "
      "values) and the seeds; `disagg-sim sweep FILE` runs the grid."),
+    ("plan.md", "simulator.runner.planner:PlanSpec", "Plan file reference",
+     "A plan YAML states a capacity question — model, traffic, SLO targets, the hardware "
+     "allowed — and `disagg-sim plan FILE` searches colocated and disaggregated layouts "
+     "for the cheapest ones that meet it."),
 )
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "docs" / "reference"

@@ -1,4 +1,4 @@
-"""`disagg-sim schema`: JSON Schema of scenario and sweep files (for editor autocompletion).
+"""`disagg-sim schema`: JSON Schema of scenario, sweep and plan files (editor autocompletion).
 
 Also the hidden `disagg-sim docs-reference`, which regenerates docs/reference/ from the
 same models (`python -m simulator.docs_gen` does the same).
@@ -22,6 +22,7 @@ JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_MODELS = {
     "scenario": "simulator.scenario.schema:Scenario",
     "sweep": "simulator.runner.sweep:SweepSpec",
+    "plan": "simulator.runner.planner:PlanSpec",
 }
 
 
@@ -48,11 +49,11 @@ def json_schema(kind: str) -> dict[str, Any]:
 
 @app.command()
 def schema(
-    kind: Annotated[str, typer.Option(help="Which file: scenario or sweep.")] = "scenario",
+    kind: Annotated[str, typer.Option(help="Which file: scenario, sweep or plan.")] = "scenario",
     out: Annotated[Path | None, typer.Option(help="Write to this file instead of "
                                                   "standard output.")] = None,
 ) -> None:
-    """Print the JSON Schema of scenario (or sweep) files, for editor autocompletion."""
+    """Print the JSON Schema of scenario (or sweep, plan) files, for editor autocompletion."""
     text = json.dumps(json_schema(kind), indent=2) + "\n"
     if out is None:
         typer.echo(text, nl=False)

@@ -24,8 +24,9 @@ class PoissonArrival(Spec):
 class GammaArrival(Spec):
     kind: Literal["gamma"] = "gamma"
     rate_per_s: float = Field(gt=0, description="Mean requests per second.")
-    cv: float = Field(gt=0, description="Coefficient of variation of inter-arrival times "
-                                        "(1 = Poisson, >1 bursty).")
+    cv: float = Field(ge=1e-3, le=1e3, description=(
+        "Coefficient of variation of inter-arrival times (1 = Poisson, >1 bursty); "
+        "0.001..1000 (use `constant` for evenly spaced arrivals)."))
 
 
 class ConstantArrival(Spec):
@@ -39,6 +40,14 @@ class OnOffArrival(Spec):
     off_rate_per_s: float = Field(0.0, ge=0, description="Poisson rate during OFF periods.")
     on_s: float = Field(gt=0, description="Length of an ON period, seconds.")
     off_s: float = Field(gt=0, description="Length of an OFF period, seconds.")
+
+    @model_validator(mode="after")
+    def _some_traffic(self) -> OnOffArrival:
+        per_period = self.on_rate_per_s * self.on_s + self.off_rate_per_s * self.off_s
+        if per_period < 1e-6:
+            raise ValueError(f"on_rate_per_s*on_s + off_rate_per_s*off_s = {per_period:.3g} "
+                             "arrivals per period; need at least 1e-6")
+        return self
 
 
 class ClosedLoop(Spec):
@@ -93,6 +102,12 @@ class LognormalLength(Spec):
     cv: float = Field(gt=0, description="Coefficient of variation (std / mean).")
     min_tokens: int = Field(1, gt=0, description="Lengths are clipped to at least this.")
     max_tokens: int = Field(131072, gt=0, description="Lengths are clipped to at most this.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LognormalLength:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
+        return self
 
 
 class EmpiricalLength(Spec):

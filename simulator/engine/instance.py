@@ -236,6 +236,12 @@ class Instance:
     def _serve(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         while True:
+            if self.in_flight_batches >= self.pp:
+                # Every pipeline slot holds a micro-batch: wait for one to leave.
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
             batch = self._schedule()
             if batch is None:
                 self._wake = env.event()
@@ -298,13 +304,8 @@ class Instance:
             self.wake()
 
         env.timeout(exit_s - start).callbacks.append(done)
-        if self.in_flight_batches >= self.pp:
-            # Every stage slot is taken: wait for the oldest batch to leave.
-            self._wake = env.event()
-            yield self._wake
-            self._wake = None
-        else:
-            yield env.timeout(first_stage_done - start)
+        # The next micro-batch may enter once stage 0 is free (and a slot is, see _serve).
+        yield env.timeout(first_stage_done - start)
 
     # ----- decode fast-forward -------------------------------------------------------
     def _plan_jump(self, decodes: list[Request]) -> tuple[int, np.ndarray, np.ndarray, Any] | None:

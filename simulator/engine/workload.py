@@ -197,23 +197,29 @@ class Workload:
         raise ValueError(f"no gap generator for {a.kind}")
 
     def _on_off_gaps(self, rng: np.random.Generator) -> Iterator[float]:
+        """Poisson arrivals at the ON rate in ON windows and the OFF rate in OFF windows.
+
+        Each window's count is Poisson(rate x length) and its arrivals are uniform in it,
+        drawn for many periods at once, so tiny or empty windows cost nothing per window.
+        """
         a = self.spec.arrival
         period = a.on_s + a.off_s
-        t = last = 0.0
+        first, last = 0, 0.0
         while True:
-            in_on = (t % period) < a.on_s
-            rate = a.on_rate_per_s if in_on else a.off_rate_per_s
-            window_end = (t // period) * period + (a.on_s if in_on else period)
-            if rate <= 0:
-                t = window_end
-                continue
-            nxt = t + rng.exponential(1.0 / rate)
-            if nxt >= window_end:  # memoryless: restart at the window boundary
-                t = window_end
-                continue
-            t = nxt
-            yield t - last
-            last = t
+            k = np.arange(first, first + _CHUNK)
+            on_n = rng.poisson(a.on_rate_per_s * a.on_s, size=_CHUNK)
+            off_n = rng.poisson(a.off_rate_per_s * a.off_s, size=_CHUNK)
+            starts = np.concatenate([np.repeat(k * period, on_n),
+                                     np.repeat(k * period + a.on_s, off_n)])
+            widths = np.concatenate([np.full(on_n.sum(), a.on_s), np.full(off_n.sum(), a.off_s)])
+            times = np.sort(starts + rng.random(len(starts)) * widths)
+            for t in times.tolist():
+                yield t - last
+                last = t
+            first += _CHUNK
+            horizon = self.spec.duration_s
+            if horizon is not None and first * period > horizon:
+                return
 
     def _open_loop(self) -> Generator[simpy.Event, Any, None]:
         env = self.env

@@ -13,8 +13,9 @@ Open the file in https://ui.perfetto.dev (drag and drop) or chrome://tracing. La
 - instant events for whatever the run logged in ``result.events`` (faults, scaling).
 
 Timestamps are microseconds of simulated time. Events on one track must nest (the
-format's rule for complete events), so overlapping spans — concurrent transfers on a
-shared link, concurrent requests — are spread over as many lanes as they need.
+format's rule for complete events), so overlapping spans — pipeline micro-batches on one
+instance, concurrent transfers on a shared link, concurrent requests — are spread over as
+many lanes as they need.
 """
 
 from __future__ import annotations

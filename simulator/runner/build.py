@@ -13,7 +13,7 @@ from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.step import InstanceCostModel, LinkSet
 from simulator.engine.cluster import InstanceSpec, TransferPath
-from simulator.engine.config import EmpiricalLength, FixedLength, UniformLength
+from simulator.engine.config import EmpiricalLength, FixedLength, LognormalLength, UniformLength
 from simulator.engine.workload import load_trace
 from simulator.errors import ConfigError, MemoryFitError
 from simulator.hardware.engines import ServingEngineProfile, load_engine
@@ -64,7 +64,11 @@ class ClusterPlan:
 
 
 def _keyed(exc: ConfigError, file: str | None, key: str) -> ConfigError:
-    return type(exc)(exc.message, file=exc.file or file, key=exc.key or key)
+    """Attribute ``exc`` to the scenario's key; a file it refers to goes in the message."""
+    message = exc.message
+    if exc.file is not None and exc.file != file:
+        message = f"{message}: {exc.file}"
+    return type(exc)(message, file=file or exc.file, key=exc.key or key)
 
 
 def _link(name: str | None, file: str | None, key: str) -> LinkProfile | None:
@@ -91,6 +95,20 @@ def _max_prompt(scenario: Scenario, base_dir: Path) -> int | None:
     if isinstance(spec, EmpiricalLength):
         return max(spec.values) + extra
     return None
+
+
+def _min_prompt(scenario: Scenario) -> int | None:
+    """The shortest prompt the workload can issue (None for traces)."""
+    w = scenario.workload
+    spec = w.input_tokens
+    if w.arrival.kind == "trace" or spec is None:
+        return None
+    lowest = {FixedLength: lambda x: x.tokens, UniformLength: lambda x: x.min_tokens,
+              EmpiricalLength: lambda x: min(x.values),
+              LognormalLength: lambda x: x.min_tokens}[type(spec)](spec)
+    if w.shared_prefix is not None and w.shared_prefix.fraction >= 1.0:
+        lowest += w.shared_prefix.tokens
+    return lowest
 
 
 def instance_links(placement: Placement, par: Parallelism, file: str | None,
@@ -254,6 +272,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
     except ConfigError as exc:
         raise _keyed(exc, file, "workload.arrival.path") from None
 
+    min_prompt = _min_prompt(scenario)
     resolved = _resolve(scenario, model, base_engine, file)
     groups = [(r.pool.name, r.device, r.pool.max_instances, r.par.devices) for r in resolved]
     spread = {r.pool.name: r.pool.placement.nodes_per_instance
@@ -294,6 +313,12 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 f"pool {pool.name!r} holds {mem.kv_capacity_tokens} KV tokens per instance "
                 f"on {dev.name}, less than the longest prompt ({max_prompt} tokens); raise "
                 f"tp/pp, use fp8 KV, or shorten prompts", file=file, key=f"{key}.parallelism")
+        if min_prompt is not None and min_prompt + 1 > mem.kv_capacity_tokens:
+            raise MemoryFitError(
+                f"pool {pool.name!r} holds {mem.kv_capacity_tokens} KV tokens per instance "
+                f"on {dev.name}, less than the shortest prompt ({min_prompt} tokens): no "
+                f"request could ever run; raise tp/pp, use fp8 KV, or shorten prompts",
+                file=file, key=f"{key}.parallelism")
         kv_bytes_token = model.kv_bytes_per_token(r.precisions.kv_cache)
         cold_start = 0.0
         if pool.autoscale is not None:

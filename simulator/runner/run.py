@@ -136,5 +136,5 @@ def run(scenario: Scenario | str | Path, *, seed: int | None = None,
         base_dir = base_dir or scenario_dir(scenario)
         scenario = load_scenario(scenario)
     if seed is not None:
-        scenario = scenario.model_copy(update={"seed": seed})
+        scenario = scenario.with_(seed=seed)  # validated: a negative seed is bad input
     return Simulation(scenario, base_dir, file).run()
