@@ -4,17 +4,38 @@ The public Python API::
 
     import simulator
     scenario = simulator.load_scenario("scenarios/quickstart.yaml")
-    result = simulator.run(scenario.with_(**{"workload.arrival.time_scale": 0.5}))
-    result.summary, result.requests, result.steps, result.transfers
+    result = simulator.run(scenario.with_(**{"workload.arrival.time_scale": 0.5}),
+                           base_dir="scenarios")
+    result.summary, result.requests, result.steps, result.transfers, result.monitoring()
+    table = simulator.sweep("scenarios/sweeps/tp_size_llama70b.yaml", "runs/tp")
+    best = simulator.search_goodput(scenario)          # highest rate meeting the SLO
+    plan = simulator.plan(simulator.load_plan("scenarios/plans/llama8b_chat.yaml"))
+    fig = simulator.plots.latency_vs_throughput(table)  # every plot returns a Figure
 """
 
+from typing import Any
+
 from simulator.errors import ConfigError, SimulatorError
+from simulator.runner.goodput import search_goodput
+from simulator.runner.planner import load_plan, plan
 from simulator.runner.result import RunResult
 from simulator.runner.run import Simulation, run
+from simulator.runner.sweep import load_sweep
+from simulator.runner.sweep import run_sweep as sweep
 from simulator.scenario.load import load_scenario
 from simulator.scenario.schema import Scenario
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # matplotlib loads only when plots are used (the CLI and workers start faster).
+    if name == "plots":
+        import importlib
+
+        return importlib.import_module("simulator.plots")
+    raise AttributeError(f"module 'simulator' has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigError",
@@ -23,6 +44,12 @@ __all__ = [
     "Simulation",
     "SimulatorError",
     "__version__",
+    "load_plan",
     "load_scenario",
+    "load_sweep",
+    "plan",
+    "plots",
     "run",
+    "search_goodput",
+    "sweep",
 ]

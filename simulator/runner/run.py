@@ -126,7 +126,7 @@ def _admissible_tokens(cluster: Cluster) -> int:
 
 
 def run(scenario: Scenario | str | Path, *, seed: int | None = None,
-        base_dir: Path | None = None, file: str | None = None) -> RunResult:
+        base_dir: str | Path | None = None, file: str | None = None) -> RunResult:
     """Simulate a scenario (object or YAML path) and return its result.
 
     ``file`` names the YAML the scenario came from, for error messages.
@@ -135,6 +135,10 @@ def run(scenario: Scenario | str | Path, *, seed: int | None = None,
         file = str(scenario)
         base_dir = base_dir or scenario_dir(scenario)
         scenario = load_scenario(scenario)
+    elif base_dir is None and scenario.source_file is not None:
+        base_dir = Path(scenario.source_file).parent  # a scenario loaded from (or built on) a file
+        file = file or scenario.source_file
+    base_dir = Path(base_dir) if base_dir is not None else None
     if seed is not None:
         scenario = scenario.with_(seed=seed)  # validated: a negative seed is bad input
     return Simulation(scenario, base_dir, file).run()

@@ -19,7 +19,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}",
                           file=str(path))
-    return validate(Scenario, data, file=str(path))
+    scenario = validate(Scenario, data, file=str(path))
+    scenario._source = str(Path(path).resolve())
+    return scenario
 
 
 def scenario_dir(path: str | Path) -> Path:

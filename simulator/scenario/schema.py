@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from simulator.engine.config import AutoscaleSpec, Fault, RouterSpec, SchedulerSpec, WorkloadSpec
 from simulator.units import Precision
@@ -168,6 +168,13 @@ class Scenario(Spec):
     simulation: SimulationSpec = Field(default_factory=SimulationSpec,  # type: ignore[arg-type]
                                        description="Clock and engine options.")
 
+    _source: str | None = PrivateAttr(None)
+    """The YAML file this scenario was loaded from (relative paths resolve against it)."""
+
+    @property
+    def source_file(self) -> str | None:
+        return self._source
+
     def with_(self, **updates: Any) -> Scenario:
         """A copy with dotted-path updates, validated: ``s.with_(**{"seed": 3})``.
 
@@ -176,4 +183,6 @@ class Scenario(Spec):
         """
         from simulator.scenario.paths import apply_updates
 
-        return apply_updates(self, updates)
+        updated = apply_updates(self, updates)
+        updated._source = self._source
+        return updated
