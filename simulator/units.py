@@ -28,9 +28,6 @@ def bytes_per_element(precision: str) -> float:
 
 def compute_precision(weights: str, activations: str) -> str:
     """Precision a GEMM runs at: the wider of its two operands (W8A16 runs at 16 bit)."""
-    if BYTES_PER_ELEMENT[weights] >= BYTES_PER_ELEMENT[activations]:
-        wide = weights
-    else:
-        wide = activations
+    wide = weights if BYTES_PER_ELEMENT[weights] >= BYTES_PER_ELEMENT[activations] else activations
     # Integer and float 4/8-bit weights with 16-bit activations are dequantised to 16 bit.
     return {"int4": "int8", "fp32": "fp32"}.get(wide, wide)

@@ -23,12 +23,10 @@ def test_two_request_timeline_by_hand() -> None:
     both decode (A finishes); then B decodes alone and finishes. Every step time below
     comes straight from the cost model, in the order the scheduler must run them.
     """
-    sc = make_scenario(**{
-        "workload": {"arrival": {"kind": "constant", "rate_per_s": 200.0},
+    sc = make_scenario(workload={"arrival": {"kind": "constant", "rate_per_s": 200.0},
                      "input_tokens": {"kind": "fixed", "tokens": 100},
                      "output_tokens": {"kind": "fixed", "tokens": 3},
-                     "num_requests": 2},
-    })
+                     "num_requests": 2})
     sim = Simulation(sc)
     cost = sim.plan.instances[0].cost
     t = 0.005
@@ -187,8 +185,8 @@ def test_trace_replay_and_time_scale() -> None:
     from tests.conftest import REPO
 
     trace = str(REPO / "scenarios/traces/azure_llm_2023_conv.csv")
-    base = make_scenario(**{"workload": {"arrival": {"kind": "trace", "path": trace},
-                                         "num_requests": 200}})
+    base = make_scenario(workload={"arrival": {"kind": "trace", "path": trace},
+                                         "num_requests": 200})
     fast = base.with_(**{"workload.arrival.time_scale": 0.5})
     a, b = run(base), run(fast)
     assert a.requests["arrival_s"].iloc[-1] == pytest.approx(2 * b.requests["arrival_s"].iloc[-1])

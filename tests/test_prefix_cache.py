@@ -23,8 +23,7 @@ def test_lru_eviction_spares_pinned_entries() -> None:
     cache.pin([1])
     assert kv.available == 40 - 16 + 12  # entries 2, 3, 4 can go
     kv.allocate(30)  # needs 6 more than free (24): evicts 2 then 3 (oldest unpinned)
-    assert list(cache.entries) == [4, 1] or list(cache.entries) == [1, 4]
-    assert 1 in cache.entries and 2 not in cache.entries and 3 not in cache.entries
+    assert sorted(cache.entries) == [1, 4]  # 1 is pinned, 4 is the newest
     assert kv.used <= kv.total
     assert cache.match([1, 2, 3]) == 1
 

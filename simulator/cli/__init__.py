@@ -10,10 +10,16 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from simulator.cli import compare_cmd, profiles_cmd, run_cmd  # noqa: F401  (registers commands)
-from simulator.cli import schema_cmd  # noqa: F401  (registers `schema`)
-from simulator.cli import plan_cmd, plot_cmd, sweep_cmd  # noqa: F401  (sweep, plan, plot)
-from simulator.cli import validate_cmd  # noqa: F401  (validate, calibrate, validate-serving)
+from simulator.cli import (  # noqa: F401  (registers commands)  # noqa: F401  (sweep, plan, plot)
+    compare_cmd,
+    plan_cmd,
+    plot_cmd,
+    profiles_cmd,
+    run_cmd,
+    schema_cmd,
+    sweep_cmd,
+    validate_cmd,
+)
 from simulator.cli.app import app
 from simulator.errors import EXIT_SIM_FAILURE, SimulatorError
 

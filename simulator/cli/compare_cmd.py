@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -9,8 +10,8 @@ import typer
 from rich.table import Table
 
 from simulator.cli.app import app
-from simulator.cli.render import make_console
 from simulator.cli.overrides import apply_sets
+from simulator.cli.render import make_console
 
 COLUMNS: tuple[tuple[str, str, float], ...] = (
     ("devices", "devices", 1),
@@ -27,7 +28,7 @@ COLUMNS: tuple[tuple[str, str, float], ...] = (
 
 def _fmt(v: Any, scale: float) -> str:
     if isinstance(v, float):
-        if v != v:
+        if math.isnan(v):
             return "-"
         x = v * scale
         return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"

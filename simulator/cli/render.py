@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console
@@ -17,7 +18,7 @@ _GROUPS = (
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        if value != value:
+        if math.isnan(value):
             return "-"
         return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     return str(value)
@@ -41,7 +42,7 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
             table.add_row(f"{metric.upper()} (ms)", text)
     table.add_section()
     for key, value in summary.items():
-        if key.startswith("util_") or key.startswith("cost_") or key.startswith("energy_"):
+        if key.startswith(("util_", "cost_", "energy_")):
             table.add_row(key, _fmt(value))
     return table
 

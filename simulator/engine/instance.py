@@ -34,7 +34,6 @@ from simulator.cost.step import InstanceCostModel, StepCost
 from simulator.engine.config import SchedulerSpec
 from simulator.engine.kv import BlockManager
 from simulator.engine.prefix_cache import PrefixCache
-from simulator.engine.recorder import BOUNDS
 from simulator.engine.request import Request
 
 if TYPE_CHECKING:

@@ -136,9 +136,10 @@ class Recorder:
     def requests_frame(self, instance_names: list[str]) -> pd.DataFrame:
         reqs = self.requests
         fields = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
-                  "prefix_tokens", "cached_tokens", "prefill_saved_s", "prefill_start_s", "prefill_end_s", "first_token_s",
-                  "transfer_wait_s", "transfer_start_s", "transfer_end_s", "decode_admit_s",
-                  "decode_start_s", "second_token_s", "completion_s", "preemptions", "restarts", "prefill_instance",
+                  "prefix_tokens", "cached_tokens", "prefill_saved_s", "prefill_start_s",
+                  "prefill_end_s", "first_token_s", "transfer_wait_s", "transfer_start_s",
+                  "transfer_end_s", "decode_admit_s", "decode_start_s", "second_token_s",
+                  "completion_s", "preemptions", "restarts", "prefill_instance",
                   "decode_instance", "status", "reason")
         data = {f: [getattr(r, f) for r in reqs] for f in fields}
         df = pd.DataFrame(data)
@@ -146,5 +147,4 @@ class Recorder:
         names = np.asarray([*instance_names, ""], dtype=object)
         df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
         df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []
-        df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
-        return df
+        return df.sort_values("request_id", kind="stable").reset_index(drop=True)

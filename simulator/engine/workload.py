@@ -64,18 +64,19 @@ def load_trace(path: str | Path) -> Trace:
         raise ConfigError("trace file not found", file=file)
     if path.suffix == ".jsonl":
         times, ins, outs, hashes = [], [], [], []
-        try:
-            with path.open(encoding="utf-8") as fh:
-                for line_no, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
+        with path.open(encoding="utf-8") as fh:
+            for line_no, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
                     rec = json.loads(line)
                     times.append(float(rec["timestamp"]) / 1000.0)
                     ins.append(int(rec["input_length"]))
                     outs.append(int(rec["output_length"]))
                     hashes.append([int(h) for h in rec.get("hash_ids", [])])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"bad Mooncake trace line {line_no}: {exc}", file=file) from None
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    raise ConfigError(f"bad Mooncake trace line {line_no}: {exc}",
+                                      file=file) from None
         t = np.asarray(times)
         return Trace(t - t.min() if len(t) else t, np.asarray(ins, dtype=np.int64),
                      np.asarray(outs, dtype=np.int64), hashes)

@@ -9,6 +9,7 @@ arrival; goodput = requests meeting every SLO per second of duration.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -133,9 +134,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     else:
         duration = float("nan")
     summary["duration_s"] = duration
-    summary["request_throughput"] = len(done) / duration if len(done) else 0.0
-    summary["input_token_throughput"] = float(done["prompt_tokens"].sum()) / duration if len(done) else 0.0
-    summary["output_token_throughput"] = float(done["generated_tokens"].sum()) / duration if len(done) else 0.0
+    per_s = 1.0 / duration if len(done) else 0.0
+    summary["request_throughput"] = len(done) * per_s
+    summary["input_token_throughput"] = float(done["prompt_tokens"].sum()) * per_s
+    summary["output_token_throughput"] = float(done["generated_tokens"].sum()) * per_s
     summary["total_token_throughput"] = (summary["input_token_throughput"]
                                          + summary["output_token_throughput"])
     summary.update(_stats("ttft", done["ttft_s"]))
@@ -143,7 +145,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     summary.update(_stats("e2e", done["e2e_s"]))
     # What one user sees while tokens stream: 1 / TPOT, averaged over requests.
     tpot = done["tpot_s"].dropna()
-    summary["per_user_tokens_per_s_mean"] = float((1.0 / tpot[tpot > 0]).mean()) if len(tpot) else float("nan")
+    positive = tpot[tpot > 0]
+    summary["per_user_tokens_per_s_mean"] = float((1.0 / positive).mean()) if len(positive) else math.nan
     # ITL: every decode step gives one inter-token gap to each sequence it advances.
     if len(steps):
         durations = itl_gaps(steps)
@@ -168,7 +171,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
         summary["prefill_tokens_saved"] = int(cached)
         summary["prefill_seconds_saved"] = float(started["prefill_saved_s"].sum())
     # Utilisation: share of the run each pool's instances spent in steps.
-    if len(steps) and duration == duration:
+    if len(steps) and not math.isnan(duration):
         busy = steps.groupby("pool", observed=True)["duration_s"].sum()
         inst = steps.groupby("pool", observed=True)["instance"].nunique()
         for pool, seconds in busy.items():

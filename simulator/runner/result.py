@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,7 @@ def _summary_html(name: str, seed: int, n_requests: int, n_steps: int,
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in d.items():
-        if isinstance(v, float) and v != v:
+        if isinstance(v, float) and math.isnan(v):
             out[k] = None
         elif hasattr(v, "item"):
             out[k] = v.item()

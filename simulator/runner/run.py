@@ -115,7 +115,7 @@ class Simulation:
         events = pd.DataFrame(recorder.events, columns=["time_s", "kind", "detail"])
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.
-        sim_events = next(env._eid)  # noqa: SLF001
+        sim_events = next(env._eid)
         return RunResult(sc, requests, steps, transfers, summary, events, wall, sim_events)
 
 
