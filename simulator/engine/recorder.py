@@ -10,21 +10,23 @@ import pandas as pd
 
 from simulator.engine.request import Request
 
+# Compact column types: 4-byte counters, 8-byte times (a million-request run has tens of
+# millions of steps, so every byte per row counts).
 STEP_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("instance", "l"),
+    ("instance", "i"),
     ("start_s", "d"),
     ("duration_s", "d"),
-    ("prefill_tokens", "l"),
-    ("prefill_seqs", "l"),
-    ("decode_seqs", "l"),
-    ("decode_ctx_tokens", "l"),
-    ("kv_used_blocks", "l"),
-    ("kv_total_blocks", "l"),
-    ("queue_len", "l"),
-    ("running", "l"),
+    ("prefill_tokens", "i"),
+    ("prefill_seqs", "i"),
+    ("decode_seqs", "i"),
+    ("decode_ctx_tokens", "q"),
+    ("kv_used_blocks", "i"),
+    ("kv_total_blocks", "i"),
+    ("queue_len", "i"),
+    ("running", "i"),
     ("bound", "b"),
-    ("compute_s", "d"),
-    ("memory_s", "d"),
+    ("compute_s", "f"),
+    ("memory_s", "f"),
 )
 BOUNDS = ("compute", "memory", "communication", "overhead")
 _BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
@@ -111,13 +113,17 @@ class Recorder:
     def steps_frame(self, instance_names: list[str], pool_names: list[str]) -> pd.DataFrame:
         cols: dict[str, Any] = {k: np.frombuffer(v, dtype=v.typecode) if len(v) else
                                 np.array([], dtype=v.typecode) for k, v in self.steps.items()}
-        df = pd.DataFrame(cols)
-        df["bound"] = pd.Categorical.from_codes(df["bound"].astype(int), categories=list(BOUNDS))
-        idx = df["instance"].to_numpy()
-        df.insert(1, "instance_name", np.asarray(instance_names, dtype=object)[idx]
-                  if len(idx) else np.array([], dtype=object))
-        df.insert(2, "pool", np.asarray(pool_names, dtype=object)[idx]
-                  if len(idx) else np.array([], dtype=object))
+        df = pd.DataFrame(cols, copy=False)
+        df["bound"] = pd.Categorical.from_codes(df["bound"].astype(np.int8),
+                                                categories=list(BOUNDS))
+        codes = df["instance"].to_numpy()
+        # Names as categoricals: one small int per row instead of an object pointer.
+        df.insert(1, "instance_name", pd.Categorical.from_codes(
+            codes, categories=pd.Index(instance_names)))
+        pools = list(dict.fromkeys(pool_names))
+        pool_codes = np.asarray([pools.index(p) for p in pool_names], dtype=np.int32)
+        df.insert(2, "pool", pd.Categorical.from_codes(
+            pool_codes[codes] if len(codes) else codes, categories=pd.Index(pools)))
         df["end_s"] = df["start_s"] + df["duration_s"]
         return df
 
