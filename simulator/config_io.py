@@ -101,19 +101,15 @@ def check_numbers(data: Any, file: str | None = None, prefix: str = "") -> None:
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            items = node.items() if isinstance(node, dict) else enumerate(node)
-            for key, value in items:
-                if isinstance(node, list):
-                    child = f"{path}[{key}]"
-                else:
-                    child = f"{path}.{key}" if path else str(key)
-                stack.append((value, child))
+            if isinstance(node, list):
+                stack.extend((value, f"{path}[{i}]") for i, value in enumerate(node))
+            else:
+                stack.extend((value, f"{path}.{key}" if path else str(key))
+                             for key, value in node.items())
         elif isinstance(node, int | float) and not isinstance(node, bool) and not (
                 -MAX_MAGNITUDE <= node <= MAX_MAGNITUDE):  # NaN fails both comparisons
-            if isinstance(node, int):
-                shown = f"an integer of {len(format(abs(node), 'x')) * 4} bits"
-            else:
-                shown = repr(node)
+            shown = f"an integer of {node.bit_length()} bits" if isinstance(node, int) \
+                else repr(node)
             raise ConfigError(f"number out of range (got {shown}); numbers must be finite "
                               f"and at most 2**53 = {MAX_MAGNITUDE} in magnitude",
                               file=file, key=path or None)

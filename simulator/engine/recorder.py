@@ -47,8 +47,9 @@ class Recorder:
     """Column arrays for steps and transfers; requests are kept as objects."""
 
     def __init__(self) -> None:
-        self.steps = {name: array(code) for name, code in STEP_COLUMNS}
-        self.transfers = {name: array(code) for name, code in TRANSFER_COLUMNS}
+        self.steps: dict[str, array[Any]] = {name: array(code) for name, code in STEP_COLUMNS}
+        self.transfers: dict[str, array[Any]] = {
+            name: array(code) for name, code in TRANSFER_COLUMNS}
         self.requests: list[Request] = []
         self.events: list[tuple[float, str, str]] = []
 
@@ -114,16 +115,17 @@ class Recorder:
         cols: dict[str, Any] = {k: np.frombuffer(v, dtype=v.typecode) if len(v) else
                                 np.array([], dtype=v.typecode) for k, v in self.steps.items()}
         df = pd.DataFrame(cols, copy=False)
-        df["bound"] = pd.Categorical.from_codes(df["bound"].astype(np.int8),
-                                                categories=list(BOUNDS))
+        df["bound"] = pd.Categorical.from_codes(df["bound"].to_numpy(np.int8),
+                                                categories=pd.Index(list(BOUNDS)))
         codes = df["instance"].to_numpy()
         # Names as categoricals: one small int per row instead of an object pointer.
-        df.insert(1, "instance_name", pd.Categorical.from_codes(
-            codes, categories=pd.Index(instance_names)))
+        df.insert(1, "instance_name", pd.Series(pd.Categorical.from_codes(
+            codes, categories=pd.Index(instance_names)), index=df.index))
         pools = list(dict.fromkeys(pool_names))
         pool_codes = np.asarray([pools.index(p) for p in pool_names], dtype=np.int32)
-        df.insert(2, "pool", pd.Categorical.from_codes(
-            pool_codes[codes] if len(codes) else codes, categories=pd.Index(pools)))
+        df.insert(2, "pool", pd.Series(pd.Categorical.from_codes(
+            pool_codes[codes] if len(codes) else codes, categories=pd.Index(pools)),
+            index=df.index))
         df["end_s"] = df["start_s"] + df["duration_s"]
         return df
 

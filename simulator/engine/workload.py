@@ -13,10 +13,17 @@ import pandas as pd
 import simpy
 
 from simulator.engine.config import (
+    AllAtOnce,
+    ClosedLoop,
+    ConstantArrival,
     EmpiricalLength,
     FixedLength,
+    GammaArrival,
     Length,
     LognormalLength,
+    OnOffArrival,
+    PoissonArrival,
+    TraceArrival,
     UniformLength,
     WorkloadSpec,
 )
@@ -63,23 +70,7 @@ def load_trace(path: str | Path) -> Trace:
     if not path.is_file():
         raise ConfigError("trace file not found", file=file)
     if path.suffix == ".jsonl":
-        times, ins, outs, hashes = [], [], [], []
-        with path.open(encoding="utf-8") as fh:
-            for line_no, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    times.append(float(rec["timestamp"]) / 1000.0)
-                    ins.append(int(rec["input_length"]))
-                    outs.append(int(rec["output_length"]))
-                    hashes.append([int(h) for h in rec.get("hash_ids", [])])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                    raise ConfigError(f"bad Mooncake trace line {line_no}: {exc}",
-                                      file=file) from None
-        t = np.asarray(times)
-        return Trace(t - t.min() if len(t) else t, np.asarray(ins, dtype=np.int64),
-                     np.asarray(outs, dtype=np.int64), hashes)
+        return _load_mooncake(path)
     try:
         df = pd.read_csv(path)
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
@@ -89,16 +80,41 @@ def load_trace(path: str | Path) -> Trace:
         raise ConfigError(
             f"trace CSV needs columns {sorted(need)}, found {list(df.columns)}", file=file
         )
+    times: np.ndarray
     try:
         stamps = pd.to_datetime(df["TIMESTAMP"], format="mixed")
-        times = (stamps - stamps.min()).dt.total_seconds().to_numpy()
+        times = (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=float)
     except (ValueError, TypeError):
-        times = pd.to_numeric(df["TIMESTAMP"], errors="raise").to_numpy(dtype=float)
-        times = times - times.min()
+        raw = pd.to_numeric(df["TIMESTAMP"], errors="raise").to_numpy(dtype=float)
+        times = raw - raw.min()
     order = np.argsort(times, kind="stable")
     ins = df["ContextTokens"].to_numpy(dtype=np.int64)[order]
     outs = df["GeneratedTokens"].to_numpy(dtype=np.int64)[order]
     return Trace(times[order], np.maximum(ins, 1), np.maximum(outs, 1))
+
+
+
+
+def _load_mooncake(path: Path) -> Trace:
+    """A Mooncake JSONL trace: timestamp (ms), input/output lengths, prefix block hashes."""
+    file = str(path)
+    times, ins, outs, hashes = [], [], [], []
+    with path.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                times.append(float(rec["timestamp"]) / 1000.0)
+                ins.append(int(rec["input_length"]))
+                outs.append(int(rec["output_length"]))
+                hashes.append([int(h) for h in rec.get("hash_ids", [])])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(f"bad Mooncake trace line {line_no}: {exc}",
+                                  file=file) from None
+    t = np.asarray(times)
+    return Trace(t - t.min() if len(t) else t, np.asarray(ins, dtype=np.int64),
+                 np.asarray(outs, dtype=np.int64), hashes)
 
 
 class Workload:
@@ -179,21 +195,21 @@ class Workload:
     def _gaps(self) -> Iterator[float]:
         a = self.spec.arrival
         rng = self.rngs["arrival"]
-        if a.kind == "all_at_once":
+        if isinstance(a, AllAtOnce):
             while True:
                 yield 0.0
-        if a.kind == "constant":
+        if isinstance(a, ConstantArrival):
             while True:
                 yield 1.0 / a.rate_per_s
-        if a.kind == "poisson":
+        if isinstance(a, PoissonArrival):
             while True:
                 yield from rng.exponential(1.0 / a.rate_per_s, size=_CHUNK).tolist()
-        if a.kind == "gamma":
+        if isinstance(a, GammaArrival):
             shape = 1.0 / a.cv**2
             scale = 1.0 / (a.rate_per_s * shape)
             while True:
                 yield from rng.gamma(shape, scale, size=_CHUNK).tolist()
-        if a.kind == "on_off":
+        if isinstance(a, OnOffArrival):
             yield from self._on_off_gaps(rng)
         raise ValueError(f"no gap generator for {a.kind}")
 
@@ -204,6 +220,7 @@ class Workload:
         drawn for many periods at once, so tiny or empty windows cost nothing per window.
         """
         a = self.spec.arrival
+        assert isinstance(a, OnOffArrival)
         period = a.on_s + a.off_s
         first, last = 0, 0.0
         while True:
@@ -246,6 +263,7 @@ class Workload:
         tr = self.trace
         assert tr is not None
         a = self.spec.arrival
+        assert isinstance(a, TraceArrival)
         mask = tr.times_s >= a.start_s
         times = (tr.times_s[mask] - a.start_s) * a.time_scale
         ins, outs = tr.input_tokens[mask], tr.output_tokens[mask]
@@ -266,6 +284,7 @@ class Workload:
     # ----- closed loop -----------------------------------------------------------------
     def _start_closed_loop(self) -> None:
         a = self.spec.arrival
+        assert isinstance(a, ClosedLoop)
         total = self.spec.num_requests or 0
         first = min(a.concurrency, total)
         self._closed_left = total - first

@@ -175,7 +175,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
         busy = steps.groupby("pool", observed=True)["duration_s"].sum()
         inst = steps.groupby("pool", observed=True)["instance"].nunique()
         for pool, seconds in busy.items():
-            n = (pool_devices or {}).get(f"{pool}:instances", int(inst[pool]))
+            n = (pool_devices or {}).get(f"{pool}:instances", int(inst.get(pool, 1)))
             summary[f"util_{pool}"] = float(seconds / (duration * max(n, 1)))
     if pool_devices:
         summary["devices"] = int(sum(v for k, v in pool_devices.items() if k.endswith(":devices")))

@@ -97,7 +97,7 @@ def _summary_html(name: str, seed: int, n_requests: int, n_steps: int,
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, float) and math.isnan(v):
             out[k] = None
