@@ -33,10 +33,8 @@ class ConfigError(SimulatorError):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        where = self.file or "<in code>"
-        if self.key:
-            where = f"{where}: {self.key}"
-        return f"{where}: {self.message}"
+        parts = [p for p in (self.file, self.key) if p]
+        return ": ".join([*parts, self.message])
 
     def with_file(self, file: str) -> ConfigError:
         """The same error, attributed to ``file`` when it had no file yet."""

@@ -34,3 +34,30 @@ def make_scenario(**overrides: Any) -> Scenario:
 @pytest.fixture
 def tiny() -> Scenario:
     return make_scenario()
+
+
+# ----- fuzz tally (tests/test_fuzz_inputs.py) -----------------------------------------
+FUZZ_TALLY = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[FUZZ_TALLY] = {}
+
+
+@pytest.fixture(scope="session")
+def fuzz_tally(request: pytest.FixtureRequest) -> dict[str, int]:
+    """Files tried per ``bad|valid/command/family``; reported in the terminal summary."""
+    return request.config.stash[FUZZ_TALLY]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    tally = config.stash.get(FUZZ_TALLY, {})
+    if not tally:
+        return
+    bad = sum(n for k, n in tally.items() if k.startswith("bad/"))
+    valid = sum(n for k, n in tally.items() if k.startswith("valid/"))
+    terminalreporter.section("input fuzzing")
+    terminalreporter.write_line(f"{bad} bad input files tried, {valid} valid variations run")
+    for key in sorted(tally):
+        terminalreporter.write_line(f"  {key}: {tally[key]}")

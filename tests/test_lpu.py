@@ -107,7 +107,7 @@ def test_lpu_is_a_profile_not_a_special_case() -> None:
     import inspect
 
     import simulator.engine.instance as inst
-    import simulator.cost.step as step
+    from simulator.cost import step
 
     for module in (inst, step):
         src = inspect.getsource(module)

@@ -176,12 +176,15 @@ class Cluster:
         start = env.now
         req.transfer_start_s = start
         spec = self.specs[src.index]
-        nbytes = spec.kv_bytes_per_token * req.prompt_tokens
+        # The KV covers every token prefilled: the prompt, plus the tokens generated before
+        # a failure sent the request back to be prefilled again.
+        tokens = req.prefill_target
+        nbytes = spec.kv_bytes_per_token * tokens
         assert self.transfer.path is not None
         path = self.transfer.path(src.index, dst.index)
         link = self._link(path, src.name)
         convert = (path.conversion_s_per_byte * nbytes
-                   + path.conversion_s_per_token * req.prompt_tokens + path.extra_latency_s)
+                   + path.conversion_s_per_token * tokens + path.extra_latency_s)
         if convert:
             yield env.timeout(convert)
         if self.transfer.mode == "layerwise":
@@ -203,7 +206,7 @@ class Cluster:
             return
         req.transfer_end_s = env.now
         self.recorder.transfer(req.id, src.index, dst.index, link.index,
-                               spec.kv_bytes_per_token * req.prompt_tokens, start, env.now,
+                               spec.kv_bytes_per_token * tokens, start, env.now,
                                env.now - req.first_token_s)
         src.release_held(req)
         dst.admit_transferred(req)

@@ -222,11 +222,14 @@ class Workload:
         a = self.spec.arrival
         assert isinstance(a, OnOffArrival)
         period = a.on_s + a.off_s
+        per_period = a.on_rate_per_s * a.on_s + a.off_rate_per_s * a.off_s
+        # About _CHUNK arrivals per draw: many periods when they are quiet, one when busy.
+        periods = int(min(_CHUNK, max(1.0, _CHUNK / per_period)))
         first, last = 0, 0.0
         while True:
-            k = np.arange(first, first + _CHUNK)
-            on_n = rng.poisson(a.on_rate_per_s * a.on_s, size=_CHUNK)
-            off_n = rng.poisson(a.off_rate_per_s * a.off_s, size=_CHUNK)
+            k = np.arange(first, first + periods)
+            on_n = rng.poisson(a.on_rate_per_s * a.on_s, size=periods)
+            off_n = rng.poisson(a.off_rate_per_s * a.off_s, size=periods)
             starts = np.concatenate([np.repeat(k * period, on_n),
                                      np.repeat(k * period + a.on_s, off_n)])
             widths = np.concatenate([np.full(on_n.sum(), a.on_s), np.full(off_n.sum(), a.off_s)])
@@ -234,7 +237,7 @@ class Workload:
             for t in times.tolist():
                 yield t - last
                 last = t
-            first += _CHUNK
+            first += periods
             horizon = self.spec.duration_s
             if horizon is not None and first * period > horizon:
                 return
