@@ -24,6 +24,9 @@ from simulator.hardware.profiles import LinkProfile
 
 Role = Literal["colocated", "prefill", "decode"]
 
+# Policies that pick the instance with the smallest key and keep no state between calls.
+_MIN_KEY_POLICIES = frozenset({"least_kv", "least_outstanding", "least_tokens"})
+
 
 @dataclass(frozen=True)
 class InstanceSpec:
@@ -137,10 +140,20 @@ class Cluster:
             self.pending_decode.append((req, src))
 
     def _place(self, req: Request, src: Instance) -> bool:
-        fits = [d for d in self.decoders if d.accepting and d.can_reserve(req)]
-        if not fits:
-            return False
-        dst = self._decode_policy(fits, req, self.router_state, "decode")
+        dst = None
+        if self.router.decode_policy in _MIN_KEY_POLICIES:
+            # A least-something policy picks the same instance among those that fit as
+            # among all, whenever its pick fits: try that first, filter only if not.
+            serving = [d for d in self.decoders if d.accepting]
+            if serving:
+                pick = self._decode_policy(serving, req, self.router_state, "decode")
+                if pick.can_reserve(req):  # type: ignore[attr-defined]
+                    dst = pick
+        if dst is None:
+            fits = [d for d in self.decoders if d.accepting and d.can_reserve(req)]
+            if not fits:
+                return False
+            dst = self._decode_policy(fits, req, self.router_state, "decode")
         ok = dst.try_reserve(req)  # type: ignore[attr-defined]
         assert ok
         req.decode_instance = dst.index

@@ -21,6 +21,7 @@ Two refinements keep this fast and faithful:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -110,7 +111,7 @@ class Instance:
         self.speed_factor = 1.0  # > 1 slows every step (a straggler); set by fault injection
         self._wake: simpy.Event | None = None
         self._jumping = False
-        self._jump_kv: list[Any] | None = None  # [step ends, cumulative extra blocks, committed]
+        self._jump_kv: list[Any] | None = None  # see _jump
         self._jump_ctx: tuple[Any, ...] | None = None
         self._stage_free = [0.0] * self.pp
         self.process = env.process(self._run())
@@ -152,9 +153,13 @@ class Instance:
         state = self._jump_kv
         if state is None:
             return
-        ends, extra, committed = state
-        j = min(int(np.searchsorted(ends, self.env.now, side="right")), len(extra) - 1)
-        target = int(extra[j])
+        now = self.env.now
+        if now == state[3]:  # already booked at this instant (routers ask many times)
+            return
+        state[3] = now
+        ends, extra, committed = state[0], state[1], state[2]
+        j = min(bisect_right(ends, now), len(extra) - 1)
+        target = extra[j]
         if target > committed:
             self.kv.allocate(target - committed)
             state[2] = target
@@ -338,7 +343,8 @@ class Instance:
         start = env.now
         ends = np.cumsum(np.concatenate(([start], seconds)))[1:]
         self._jumping = True
-        self._jump_kv = [ends, kv[2], 0]
+        # [step ends, cumulative extra blocks per step, blocks booked, last booking time]
+        self._jump_kv = [ends.tolist(), kv[2].tolist(), 0, -1.0]
         self._jump_ctx = (decodes, start, ends, seconds, bounds, kv)
         done = k
         try:
