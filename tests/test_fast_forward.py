@@ -53,10 +53,11 @@ def test_fast_forward_matches_and_saves_events() -> None:
     util=st.floats(0.42, 0.9),
     disagg=st.booleans(),
     arrival=st.sampled_from(["poisson", "closed_loop", "all_at_once"]),
+    dispatch=st.sampled_from(["push", "central_queue"]),
     seed=st.integers(0, 10_000),
 )
 def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, util, disagg,
-                                         arrival, seed) -> None:
+                                         arrival, dispatch, seed) -> None:
     sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "chunked_prefill": chunked,
              "memory_utilization": util}
     pools = ([{"name": "p", "role": "prefill", "device": "L40S", "scheduler": sched},
@@ -73,6 +74,7 @@ def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, u
         "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": max_out},
         "workload.num_requests": 30,
         "cluster.pools": pools,
+        "cluster.router.dispatch": dispatch,
     })
     fast, slow = both(sc)
     assert_same_requests(fast.requests, slow.requests)

@@ -24,14 +24,23 @@ Two checks per configuration:
   default run uses 20,000 requests and a 3-sigma bound (8 %); the ``slow`` tests use
   400,000 requests and the 2 % bound.
 
-Multi-server: the router dispatches each request to an instance on arrival (there is no
-central queue), so a c-instance pool is not M/M/c and Erlang-C does not apply. Routing at
-random is exact instead: an independent random split of a Poisson stream gives each
-instance a Poisson stream of rate lambda / c, so the pool is c independent M/G/1 queues.
+Multi-server, two ways:
+
+* With push routing, each request goes to an instance on arrival. Routing at random is
+  exact there: an independent random split of a Poisson stream gives each instance a
+  Poisson stream of rate lambda / c, so the pool is c independent M/G/1 queues.
+* With ``router.dispatch: central_queue`` requests wait in one FIFO and go to the first
+  instance that frees a slot: an M/G/c queue. Its sample path must equal the FCFS
+  c-server recursion exactly (Kiefer-Wolfowitz: each customer waits for the earliest
+  free server), and with service of coefficient of variation about 1 its mean wait must
+  match Erlang-C, ``Wq = C(c, a) / (c mu - lambda)``, scaled by the Allen-Cunneen factor
+  ``(1 + Cs^2) / 2`` for the run's own service variability (1 for exponential service).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +65,8 @@ def geometric_lengths(mean_tokens: float, step: int = 64, count: int = 400) -> d
 
 
 def queue_scenario(lengths: dict[str, Any], requests: int, instances: int = 1,
-                   policy: str = "least_outstanding", rate_per_s: float = 1.0) -> Any:
+                   policy: str = "least_outstanding", rate_per_s: float = 1.0,
+                   dispatch: str = "push") -> Any:
     return make_scenario(**{
         "seed": 1,
         "workload": {"arrival": {"kind": "poisson", "rate_per_s": rate_per_s},
@@ -66,6 +76,7 @@ def queue_scenario(lengths: dict[str, Any], requests: int, instances: int = 1,
         "cluster.pools.main.instances": instances,
         "cluster.pools.main.scheduler": {"max_num_seqs": 1, "max_num_batched_tokens": 32768},
         "cluster.router.policy": policy,
+        "cluster.router.dispatch": dispatch,
     })
 
 
@@ -79,8 +90,9 @@ class QueueRun:
 
 
 def run_queue(lengths: dict[str, Any], requests: int, instances: int = 1,
-              policy: str = "least_outstanding") -> QueueRun:
-    """Run at UTILISATION, the rate set from the mean service time of the length mix."""
+              policy: str = "least_outstanding", dispatch: str = "push",
+              utilisation: float = UTILISATION) -> QueueRun:
+    """Run at ``utilisation``, the rate set from the mean service time of the length mix."""
     probe = Simulation(queue_scenario(lengths, requests, instances, policy))
     cost = probe.plan.instances[0].cost
     if lengths["kind"] == "fixed":
@@ -90,8 +102,8 @@ def run_queue(lengths: dict[str, Any], requests: int, instances: int = 1,
         weights = np.asarray(lengths["weights"]) / np.sum(lengths["weights"])
         mean_service = float(sum(w * cost.step(BatchShape.prefill(int(v))).seconds
                                  for v, w in zip(values, weights, strict=True)))
-    rate = UTILISATION * instances / mean_service
-    sim = Simulation(queue_scenario(lengths, requests, instances, policy, rate))
+    rate = utilisation * instances / mean_service
+    sim = Simulation(queue_scenario(lengths, requests, instances, policy, rate, dispatch))
     res = sim.run()
     r = res.requests
     assert (r["status"] == "completed").all()
@@ -191,3 +203,47 @@ def test_long_run_mean_wait_within_two_percent(lengths: dict[str, Any], instance
     q = run_queue(lengths, SLOW_N, instances, policy)
     check_sample_path(q)
     check_mean_wait(q, SLOW_TOLERANCE)
+
+
+# ----- M/G/c with a central queue: Erlang-C ---------------------------------------------
+def fcfs_multi_server(arrivals: np.ndarray, service: np.ndarray, servers: int) -> np.ndarray:
+    """Waiting times of a FCFS c-server queue: each customer takes the earliest free server."""
+    free = [0.0] * servers
+    waits = np.empty(len(arrivals))
+    for n, (a, s) in enumerate(zip(arrivals, service, strict=True)):
+        start = max(a, heapq.heappop(free))
+        waits[n] = start - a
+        heapq.heappush(free, start + s)
+    return waits
+
+
+def erlang_c_wait(rate_per_s: float, mean_service: float, servers: int) -> float:
+    """Mean wait in an M/M/c queue (Erlang-C)."""
+    a = rate_per_s * mean_service  # offered load in Erlangs
+    rho = a / servers
+    assert rho < 1
+    terms = sum(a**k / math.factorial(k) for k in range(servers))
+    top = a**servers / math.factorial(servers) / (1 - rho)
+    p_wait = top / (terms + top)
+    return p_wait * mean_service / (servers * (1 - rho))
+
+
+@pytest.mark.parametrize(("requests", "tolerance"), [
+    (FAST_N, FAST_TOLERANCE),
+    pytest.param(SLOW_N, SLOW_TOLERANCE, marks=pytest.mark.slow),
+])
+def test_central_queue_is_an_mgc_queue_matching_erlang_c(requests: int,
+                                                         tolerance: float) -> None:
+    servers = 4
+    q = run_queue(MM1_LIKE, requests, instances=servers, dispatch="central_queue",
+                  utilisation=0.7)
+    order = np.argsort(q.arrivals, kind="stable")
+    expected = fcfs_multi_server(q.arrivals[order], q.service[order], servers)
+    assert np.abs(q.waits[order] - expected).max() < 1e-6  # the exact sample path
+    assert len(np.unique(q.instance)) == servers
+    rate = (len(q.arrivals) - 1) / (q.arrivals.max() - q.arrivals.min())
+    es = float(q.service.mean())
+    cs2 = float(q.service.var() / es**2)
+    assert 0.8 < cs2 < 1.2  # near-exponential service
+    predicted = erlang_c_wait(rate, es, servers) * (1 + cs2) / 2
+    assert q.waits.mean() == pytest.approx(predicted, rel=tolerance)

@@ -112,13 +112,31 @@ class Cluster:
         self._route(req)
 
     def _route(self, req: Request) -> None:
-        candidates = [x for x in self.entry if x.accepting]
+        if self.router.dispatch == "central_queue":
+            candidates = [x for x in self.entry if self._has_slot(x)]
+            if not candidates or self.pending_entry:  # FIFO: nobody overtakes the queue
+                req.status = "queued"
+                self.pending_entry.append(req)
+                return
+        else:
+            candidates = [x for x in self.entry if x.accepting]
         if not candidates:  # every entry instance is down or off: wait for one
             req.status = "queued"
             self.pending_entry.append(req)
             return
         inst = self._entry_policy(candidates, req, self.router_state, "entry")
         inst.enqueue(req)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _has_slot(inst: Instance) -> bool:
+        """Central queue: the instance can take one more sequence now."""
+        return inst.accepting and (len(inst.waiting) + len(inst.running) + inst.held
+                                   < inst.max_running)
+
+    def _pull(self, inst: Instance) -> None:
+        """Central queue: hand waiting requests to ``inst`` while it has free slots."""
+        while self.pending_entry and self._has_slot(inst):
+            inst.enqueue(self.pending_entry.popleft())
 
     # ----- completions -----------------------------------------------------------------
     def _complete(self, inst: Instance, req: Request) -> None:
@@ -164,9 +182,12 @@ class Cluster:
         return True
 
     def _kv_freed(self, inst: Instance) -> None:
-        if inst.role != "decode" or not self.pending_decode:
+        if inst.role != "decode":
+            if self.router.dispatch == "central_queue" and self.pending_entry:
+                self._pull(inst)
             return
-        self._drain_pending_decode()
+        if self.pending_decode:
+            self._drain_pending_decode()
 
     def _drain_pending_decode(self) -> None:
         while self.pending_decode:

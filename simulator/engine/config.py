@@ -195,6 +195,11 @@ class RouterSpec(Spec):
         "How a new request picks a colocated or prefill instance."))
     decode_policy: RoutingPolicy = Field("least_kv", description=(
         "How a prefilled request picks a decode instance (disaggregated clusters)."))
+    dispatch: Literal["push", "central_queue"] = Field("push", description=(
+        "`push`: each request is sent to an instance on arrival (by `policy`); "
+        "`central_queue`: requests wait in one FIFO at the router and go to an instance "
+        "only when it has a free sequence slot (a global scheduler; `policy` picks among "
+        "instances with room)."))
 
 
 # ----- faults ------------------------------------------------------------------------
