@@ -78,15 +78,25 @@ def itl_gaps(steps: pd.DataFrame) -> np.ndarray:
         return gaps
     inst = steps["instance"].to_numpy()
     start = steps["start_s"].to_numpy(dtype=float)
-    end = start + steps["duration_s"].to_numpy(dtype=float)
-    idx = np.flatnonzero(steps["decode_seqs"].to_numpy() > 0)
-    if not len(idx):
-        return gaps
-    order = idx[np.lexsort((end[idx], inst[idx]))]
-    e, s, ins = end[order], start[order], inst[order]
-    prev = np.concatenate(([np.inf], e[:-1]))
-    same = np.concatenate(([False], ins[1:] == ins[:-1]))
-    gaps[order] = np.where(same & (prev <= s), e - prev, e - s)
+    duration = steps["duration_s"].to_numpy(dtype=float)
+    decodes = steps["decode_seqs"].to_numpy()
+    # One instance at a time keeps the temporaries small on runs with tens of millions of
+    # steps (a stable sort keeps each instance's rows in the order they were recorded).
+    order = np.argsort(inst, kind="stable")
+    bounds = np.flatnonzero(np.diff(inst[order])) + 1
+    for rows in np.split(order, bounds):
+        rows = rows[decodes[rows] > 0]
+        if not len(rows):
+            continue
+        s = start[rows]
+        e = s + duration[rows]
+        if len(e) > 1 and (np.diff(e) < 0).any():  # recorded out of end order: sort them
+            by_end = np.argsort(e, kind="stable")
+            rows, s, e = rows[by_end], s[by_end], e[by_end]
+        prev = np.empty_like(e)
+        prev[0] = np.inf
+        prev[1:] = e[:-1]
+        gaps[rows] = np.where(prev <= s, e - prev, e - s)
     return gaps
 
 
