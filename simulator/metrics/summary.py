@@ -84,8 +84,8 @@ def itl_gaps(steps: pd.DataFrame) -> np.ndarray:
     # steps (a stable sort keeps each instance's rows in the order they were recorded).
     order = np.argsort(inst, kind="stable")
     bounds = np.flatnonzero(np.diff(inst[order])) + 1
-    for rows in np.split(order, bounds):
-        rows = rows[decodes[rows] > 0]
+    for group in np.split(order, bounds):
+        rows = group[decodes[group] > 0]
         if not len(rows):
             continue
         s = start[rows]
