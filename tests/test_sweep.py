@@ -328,11 +328,10 @@ def test_executor_arguments_are_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_shipped_100_run_sweep_finishes_in_minutes(tmp_path: Path) -> None:
+def test_shipped_100_run_sweep_runs_every_point(tmp_path: Path) -> None:
+    """The shipped ~100-run study completes (its speed is measured in benchmarks/, (d))."""
     sweep = load_sweep(REPO / "scenarios/sweeps/tp_size_llama70b.yaml")
-    t0 = time.perf_counter()
     table = run_sweep(sweep, tmp_path / "tp", workers=2)
-    assert time.perf_counter() - t0 < 300
     assert len(table) == 99
     assert (table["status"] == "ok").all()
 
