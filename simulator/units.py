@@ -16,10 +16,7 @@ BYTES_PER_ELEMENT: dict[str, float] = {
     "int4": 0.5,
 }
 
-GB = 1e9
 GIB = 1024**3
-TERA = 1e12
-US = 1e-6
 
 
 def bytes_per_element(precision: str) -> float:

@@ -258,9 +258,6 @@ class InstanceCostModel:
             total.launch + host,
         )
 
-    def step_seconds(self, batch: BatchShape) -> float:
-        return self.step(batch).seconds
-
     # ----- operators -----------------------------------------------------------------
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float) -> None:
         """The roofline of one operator (``op_time``), added ``times`` times to ``acc``."""

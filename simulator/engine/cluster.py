@@ -98,11 +98,8 @@ class Cluster:
         self.in_transfer: dict[int, tuple[Instance, Instance]] = {}
         self.links: dict[str, SharedLink] = {}
         self.link_factor: dict[str, float] = {}
-        self.link_dead: set[str] = set()
         self.kv_location: dict[int, int] = {}
-        self.completed = 0
         self.retries = 0
-        self.failed = 0
         self._entry_policy = POLICIES[self.router.policy]
         self._decode_policy = POLICIES[self.router.decode_policy]
 
@@ -140,14 +137,12 @@ class Cluster:
 
     # ----- completions -----------------------------------------------------------------
     def _complete(self, inst: Instance, req: Request) -> None:
-        self.completed += 1
         self.kv_location.pop(req.id, None)
         self.on_finished(req)
 
     def fail_request(self, req: Request, reason: str) -> None:
         req.status = "failed"
         req.reason = reason
-        self.failed += 1
         self.kv_location.pop(req.id, None)
         self.on_finished(req)
 

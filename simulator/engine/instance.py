@@ -106,7 +106,6 @@ class Instance:
         self.signal_ttft: list[float] = []
         self.signal_tpot: list[float] = []
         self.queued_tokens = 0
-        self.busy_s = 0.0
         self.in_flight_batches = 0
         self.speed_factor = 1.0  # > 1 slows every step (a straggler); set by fault injection
         self._wake: simpy.Event | None = None
@@ -381,7 +380,6 @@ class Instance:
             kv_used, self.kv.total, len(self.waiting), len(self.running), bounds[:done],
             series.compute_s[:done], series.memory_s[:done],
         )
-        self.busy_s += float(seconds[:done].sum())
         second = float(ends[0])
         finished = []
         for r, b in zip(decodes, blocks, strict=True):
@@ -496,8 +494,6 @@ class Instance:
         if cache is not None:
             req.cache_pins = hit
             tokens = hit * cache.block_tokens
-            cache.lookups_tokens += req.prompt_tokens
-            cache.hits_tokens += tokens
             if req.prefill_start_s != req.prefill_start_s:  # first admission: record the hit
                 req.cached_tokens = tokens
                 if tokens:
@@ -566,7 +562,6 @@ class Instance:
 
     # ----- results of a step -----------------------------------------------------------
     def _record(self, start: float, seconds: float, shape: BatchShape, step: StepCost) -> None:
-        self.busy_s += seconds
         # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         self.recorder.step(
             self.index, start, seconds, shape.prefill_tokens, shape.prefill_seqs,

@@ -28,7 +28,6 @@ class SharedLink:
         self.dead = False
         self.bandwidth = profile.effective_bandwidth * streams * bandwidth_factor
         self.fixed_s = (profile.per_transfer_overhead_us + profile.latency_us) * 1e-6
-        self.bytes_moved = 0.0
         self._active: dict[int, list[Any]] = {}
         self._ids = 0
         self._gen = 0
@@ -48,7 +47,6 @@ class SharedLink:
         if self.fixed_s:
             yield self.env.timeout(self.fixed_s)
         if nbytes <= 0 or self.bandwidth == float("inf"):
-            self.bytes_moved += max(nbytes, 0.0)
             return not self.dead
         done = self.env.event()
         self._advance()
@@ -56,8 +54,6 @@ class SharedLink:
         self._active[self._ids] = [float(nbytes), done]
         self._replan()
         delivered = yield done
-        if delivered:
-            self.bytes_moved += nbytes
         return bool(delivered)
 
     def _advance(self) -> None:

@@ -15,16 +15,13 @@ from collections import OrderedDict
 
 
 class PrefixCache:
-    __slots__ = ("block_tokens", "blocks_per_entry", "entries", "hits_tokens", "lookups_tokens",
-                 "pinned")
+    __slots__ = ("block_tokens", "blocks_per_entry", "entries", "pinned")
 
     def __init__(self, block_tokens: int, kv_block_size: int) -> None:
         self.block_tokens = block_tokens
         self.blocks_per_entry = -(-block_tokens // kv_block_size)
         self.entries: OrderedDict[int, int] = OrderedDict()  # hash -> pins, in LRU order
         self.pinned = 0  # entries with at least one pin
-        self.hits_tokens = 0
-        self.lookups_tokens = 0
 
     # ----- lookup ----------------------------------------------------------------------
     def match(self, hashes: list[int]) -> int:
@@ -35,10 +32,6 @@ class PrefixCache:
                 break
             n += 1
         return n
-
-    @property
-    def cached_blocks(self) -> int:
-        return len(self.entries) * self.blocks_per_entry
 
     @property
     def evictable_blocks(self) -> int:

@@ -35,7 +35,7 @@ class _PoolLike(Protocol):
     def devices(self) -> int: ...
 
 
-def cluster_usd_per_hour(pools: Iterable[tuple[DeviceProfile, int]]) -> float:
+def cluster_usd_per_hour(pools: Iterable[tuple[DeviceProfile, float]]) -> float:
     """Hourly price of ``(device profile, device count)`` pairs; NaN if a price is missing."""
     total = 0.0
     for device, count in pools:
@@ -45,6 +45,24 @@ def cluster_usd_per_hour(pools: Iterable[tuple[DeviceProfile, int]]) -> float:
             return NAN
         total += device.price.usd_per_hour * count
     return total
+
+
+def powered_cost_summary(device_hours: Iterable[tuple[DeviceProfile, float]],
+                         output_tokens: float) -> dict[str, float]:
+    """``device_hours``, what they cost, and that cost per million output tokens.
+
+    ``device_hours`` pairs each instance's device with the device-hours it was powered,
+    so an autoscaled pool pays only for the time its instances were on.
+    """
+    pairs = list(device_hours)
+    hours = sum(h for _, h in pairs)
+    paid = cluster_usd_per_hour(pairs)  # price x device-hours = dollars
+    return {
+        "device_hours": hours,
+        "cost_usd_powered": paid,
+        "cost_usd_per_1m_output_tokens_powered": paid / output_tokens * 1e6
+        if output_tokens else NAN,
+    }
 
 
 def device_power_w(device: DeviceProfile, utilisation: float) -> float:

@@ -22,13 +22,8 @@ class Placement:
     devices: int
     nodes: tuple[int, ...]
     """Nodes the instance spans, in order."""
-    node_kind: str
     spread: bool = False
     """Ranks are split evenly over ``nodes`` (explicit placement) instead of packed."""
-
-    @property
-    def within_node(self) -> bool:
-        return len(self.nodes) == 1
 
     def global_device(self, rank: int) -> int:
         """Index of ``rank``'s device in its kind's numbering (node * devices_per_node + slot)."""
@@ -41,14 +36,8 @@ class Placement:
     def domain_of_rank(self, rank: int) -> int:
         return self.global_device(rank) // self.device.scale_up_domain
 
-    def node_of_rank(self, rank: int) -> int:
-        return self.global_device(rank) // self.device.devices_per_node
-
     def same_domain(self, ranks: range) -> bool:
         return len({self.domain_of_rank(r) for r in ranks}) == 1
-
-    def within_domain(self) -> bool:
-        return self.same_domain(range(self.devices))
 
 
 def place(pools: list[tuple[str, DeviceProfile, int, int]],
@@ -71,7 +60,7 @@ def place(pools: list[tuple[str, DeviceProfile, int, int]],
                 start = -(-start // per_node) * per_node
                 nodes = tuple(start // per_node + k for k in range(spread))
                 cursor[kind] = start + spread * per_node
-                out.append(Placement(pool, device, start, per_instance, nodes, kind, spread=True))
+                out.append(Placement(pool, device, start, per_instance, nodes, spread=True))
                 continue
             # Do not split an instance that fits in one node across two nodes.
             if per_instance <= per_node and start % per_node + per_instance > per_node:
@@ -79,6 +68,6 @@ def place(pools: list[tuple[str, DeviceProfile, int, int]],
             first_node = start // per_node
             last_node = (start + per_instance - 1) // per_node
             out.append(Placement(pool, device, start, per_instance,
-                                 tuple(range(first_node, last_node + 1)), kind))
+                                 tuple(range(first_node, last_node + 1))))
             cursor[kind] = start + per_instance
     return out

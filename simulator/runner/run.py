@@ -16,7 +16,7 @@ from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
 from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
-from simulator.metrics.cost import cost_summary
+from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import add_latency_columns, summarize
 from simulator.runner.build import ClusterPlan, build_plan
 from simulator.runner.result import RunResult
@@ -97,21 +97,14 @@ class Simulation:
         summary = summarize(requests, steps, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
                             e2e_s=slo.e2e_s, pool_devices=plan.pool_devices)
         summary.update(cost_summary(plan, summary))
-        end = env.now
-        summary["device_hours"] = sum(
-            inst.powered_until(end) * spec.devices
-            for inst, spec in zip(cluster.instances, plan.instances, strict=True)) / 3600.0
+        # Device-hours each instance was powered (autoscaled ones only part of the run).
+        device_of = {p.spec.name: p.device for p in plan.pools}
+        powered = [(device_of[spec.pool], inst.powered_until(env.now) * spec.devices / 3600.0)
+                   for inst, spec in zip(cluster.instances, plan.instances, strict=True)]
+        out_tokens = float(requests.loc[requests["status"] == "completed",
+                                        "generated_tokens"].sum())
+        summary.update(powered_cost_summary(powered, out_tokens))
         summary["retries"] = cluster.retries
-        # What the powered time cost (autoscaled pools pay only while powered).
-        paid = 0.0
-        for inst, spec in zip(cluster.instances, plan.instances, strict=True):
-            price = plan.pools[[p.spec.name for p in plan.pools].index(spec.pool)].device.price
-            paid += (inst.powered_until(end) * spec.devices / 3600.0
-                     * (price.usd_per_hour if price else float("nan")))
-        summary["cost_usd_powered"] = paid
-        out_tokens = float(requests.loc[requests["status"] == "completed", "generated_tokens"].sum())
-        summary["cost_usd_per_1m_output_tokens_powered"] = (
-            paid / out_tokens * 1e6 if out_tokens else float("nan"))
         events = pd.DataFrame(recorder.events, columns=["time_s", "kind", "detail"])
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.
