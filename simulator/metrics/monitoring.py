@@ -23,23 +23,37 @@ import pandas as pd
 def busy_per_bin(start: np.ndarray, end: np.ndarray, edges: np.ndarray,
                  weight: np.ndarray | None = None) -> np.ndarray:
     """Seconds of the intervals ``[start, end)`` inside each bin (optionally scaled by
-    ``weight``, the share of each interval that counts). Intervals may overlap."""
-    if weight is None:
-        weight = np.ones_like(start)
-    rate = np.where(end > start, weight, 0.0)
+    ``weight``, the share of each interval that counts). Intervals may overlap.
 
-    def integral(t: np.ndarray) -> np.ndarray:
-        # sum over intervals of weight * |[start, end) ∩ [0, t)|
-        covered = np.clip(t[:, None] - start[None, :], 0.0, (end - start)[None, :])
-        return (covered * rate[None, :]).sum(axis=1)
-
-    if len(start) * len(edges) > 4_000_000:  # keep memory bounded on long runs
-        out = np.zeros(len(edges) - 1)
-        for chunk in range(0, len(start), 20_000):
-            sl = slice(chunk, chunk + 20_000)
-            out += busy_per_bin(start[sl], end[sl], edges, weight[sl])
-        return out
-    return np.diff(integral(edges))
+    ``edges`` must be increasing. Each interval adds its partial overlap to the bins that
+    hold its two ends and its weight to every bin it covers fully (a difference array),
+    so time and memory grow as (intervals + bins), however long the run.
+    """
+    start = np.asarray(start, dtype=float)
+    end = np.asarray(end, dtype=float)
+    edges = np.asarray(edges, dtype=float)
+    nbins = len(edges) - 1
+    if nbins < 1:
+        return np.zeros(0)
+    w = np.ones_like(start) if weight is None else np.asarray(weight, dtype=float)
+    lo = np.clip(start, edges[0], edges[-1])
+    hi = np.clip(end, edges[0], edges[-1])
+    keep = hi > lo
+    lo, hi, w = lo[keep], hi[keep], w[keep]
+    first = np.clip(np.searchsorted(edges, lo, side="right") - 1, 0, nbins - 1)
+    last = np.clip(np.searchsorted(edges, hi, side="left") - 1, 0, nbins - 1)
+    same = first == last
+    out = np.zeros(nbins)
+    out += np.bincount(first[same], weights=w[same] * (hi[same] - lo[same]), minlength=nbins)
+    f, la, ws = first[~same], last[~same], w[~same]
+    out += np.bincount(f, weights=ws * (edges[f + 1] - lo[~same]), minlength=nbins)
+    out += np.bincount(la, weights=ws * (hi[~same] - edges[la]), minlength=nbins)
+    # Bins strictly between the two ends are covered whole.
+    cover = np.zeros(nbins + 1)
+    cover += np.bincount(f + 1, weights=ws, minlength=nbins + 1)
+    cover -= np.bincount(la, weights=ws, minlength=nbins + 1)
+    out += np.cumsum(cover)[:nbins] * np.diff(edges)
+    return out
 
 
 def last_in_bin(times: np.ndarray, values: np.ndarray, edges: np.ndarray) -> np.ndarray:
