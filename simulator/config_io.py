@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -147,16 +148,66 @@ def format_loc(loc: tuple[Any, ...], data: Any = None, kind: str = "") -> str:
     return "".join(parts) or "<top level>"
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Optional, unions, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _model_at(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose mapping holds the last key of ``loc`` (None if it cannot be told)."""
+    if root is None:
+        return None
+    candidates: list[type[BaseModel]] = [root]
+    for item in loc[:-1]:
+        if isinstance(item, int):
+            continue  # a list index: the element type was taken with the field
+        tagged = [m for m in candidates if m.model_fields.get("kind") is not None
+                  and m.model_fields["kind"].default == item]
+        if tagged:  # a discriminated union's tag
+            candidates = tagged
+            continue
+        fields = [m.model_fields[item] for m in candidates if item in m.model_fields]
+        if not fields:
+            continue  # a union member's label (`int`, `function-after[...]`)
+        candidates = _models_in(fields[0].annotation)
+        if not candidates:
+            return None
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _unknown_key(key: Any, model: type[BaseModel] | None, schema_kind: str | None) -> str:
+    if model is None:
+        return "unknown key (check the spelling; see `disagg-sim schema` for allowed keys)"
+    allowed = list(model.model_fields)
+    close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.5)
+    if not close:  # `rate` -> `rate_per_s`: a prefix is a likely near miss too
+        close = [a for a in allowed if a.startswith(str(key)) or str(key).startswith(a)][:1]
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    where = ""
+    if schema_kind is not None:
+        flag = "" if schema_kind == "scenario" else f" --kind {schema_kind}"
+        where = f"; see $defs.{model.__name__} in `disagg-sim schema{flag}`"
+    return f"unknown key {str(key)!r} ({hint}allowed here: {', '.join(allowed)}){where}"
+
+
+def _describe(error: dict[str, Any], root: type[BaseModel] | None = None,
+              schema_kind: str | None = None) -> str:
     kind = error.get("type", "")
     msg = str(error.get("msg", "invalid value"))
     if kind == "extra_forbidden":
-        return "unknown key (check the spelling; see `disagg-sim schema` for allowed keys)"
+        loc = tuple(error.get("loc", ()))
+        return _unknown_key(loc[-1] if loc else "?", _model_at(root, loc), schema_kind)
     if kind == "missing":
         return "required key is missing"
     if kind == "union_tag_invalid":
         ctx = error.get("ctx", {})
-        return f"unknown kind {ctx.get('tag')!r}; allowed: {ctx.get('expected_tags')}"
+        tag = str(ctx.get("tag"))
+        expected = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",")]
+        close = difflib.get_close_matches(tag, expected, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown kind {tag!r}{hint}; allowed: {ctx.get('expected_tags')}"
     if kind == "union_tag_not_found":
         return "missing `kind` key that selects the variant"
     if msg.startswith("Value error, "):
@@ -170,18 +221,27 @@ def _describe(error: dict[str, Any]) -> str:
     return msg
 
 
-def validation_to_config_error(exc: ValidationError, file: str | None,
-                                data: Any = None) -> ConfigError:
-    """The first pydantic error as a ConfigError (the others are counted, not dropped).
+SCHEMA_KINDS = {"Scenario": "scenario", "SweepSpec": "sweep", "PlanSpec": "plan"}
+"""Root models that `disagg-sim schema --kind` prints."""
 
-    ``data`` (what was validated) lets the key path follow the document's own keys.
+
+def validation_to_config_error(exc: ValidationError, file: str | None,
+                                data: Any = None, model: type[BaseModel] | None = None
+                                ) -> ConfigError:
+    """Every pydantic error, in one line: the first names the key, the others follow.
+
+    ``data`` (what was validated) lets the key paths follow the document's own keys;
+    ``model`` (what it was validated as) lets an unknown key list the keys allowed there.
     """
-    errors = exc.errors()
+    kind = SCHEMA_KINDS.get(model.__name__) if model is not None else None
+    # An unknown key first: a misspelt key is also why its right spelling is "missing".
+    errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
     first = errors[0]
-    message = _describe(first)  # type: ignore[arg-type]
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more error(s) in this file)"
+    message = _describe(first, model, kind)  # type: ignore[arg-type]
     key = format_loc(tuple(first["loc"]), data, str(first.get("type", "")))
+    for other in errors[1:]:
+        where = format_loc(tuple(other["loc"]), data, str(other.get("type", "")))
+        message += f"; also {where}: {_describe(other, model, kind)}"  # type: ignore[arg-type]
     return ConfigError(message, file=file, key=key)
 
 
@@ -193,12 +253,16 @@ def validate(model: type[M], data: Any, file: str | None = None, prefix: str = "
     """
     check_numbers(data, file, prefix)
     try:
-        return model.model_validate(data)
+        validated = model.model_validate(data)
     except ValidationError as exc:
-        err = validation_to_config_error(exc, file, data)
+        err = validation_to_config_error(exc, file, data, model)
         if prefix:
             err = ConfigError(err.message, file=err.file, key=f"{prefix}.{err.key}")
         raise err from None
+    # Text becomes a number in validation too (`"inf"`, `1e400`, which YAML 1.1 reads as a
+    # string): check what came out, so the rule holds whatever the spelling.
+    check_numbers(validated.model_dump(mode="python"), file, prefix)
+    return validated
 
 
 def load_model(model: type[M], path: str | Path) -> M:

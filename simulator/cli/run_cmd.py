@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from simulator.cli.app import app
+from simulator.cli.outputs import check_out_file, check_out_folder, staged_folder
 from simulator.cli.overrides import apply_sets
 from simulator.cli.render import make_console, print_summary
+from simulator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from simulator.runner.result import RunResult
+    from simulator.scenario.schema import Scenario
 
 
 @app.command()
@@ -25,6 +33,9 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help=(
         "Override a scenario key, e.g. --set workload.arrival.rate_per_s=3 or "
         "--set cluster.pools.decode.instances=2 (repeatable; values are YAML)."))] = None,
+    skip_bad_rows: Annotated[bool, typer.Option(help="Leave out trace rows with bad values "
+                                                     "(counted and reported) instead of "
+                                                     "stopping at the first.")] = False,
 ) -> None:
     """Simulate one scenario and print its summary."""
     from simulator.runner.run import run as run_scenario
@@ -33,13 +44,18 @@ def run(
     sc = apply_sets(load_scenario(scenario), set_, str(scenario))
     if step_by_step:
         sc = sc.with_(**{"simulation.fast_forward": False})
+    if skip_bad_rows:
+        sc = with_skip_bad_rows(sc, str(scenario))
+    check_outputs(out, trace)
     result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario), file=str(scenario))
     console = make_console()
     print_summary(result.summary, f"{sc.name} (seed {result.scenario.seed})", console)
     console.print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps in "
                   f"{result.wall_s:.2f} s wall")
+    report_skipped(result, console)
     if out is not None:
-        result.save(out)
+        with staged_folder(out) as tmp:
+            result.save(tmp)
         console.print(f"wrote {out}/summary.json, requests/steps/transfers.parquet, "
                       "scenario.resolved.yaml")
     if trace is not None:
@@ -47,3 +63,29 @@ def run(
 
         write_trace(result, trace)
         console.print(f"wrote {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+
+def check_outputs(out: Path | None, trace: Path | None) -> None:
+    """Refuse unusable output paths before simulating, not after."""
+    if out is not None:
+        check_out_folder(out)
+    if trace is not None:
+        check_out_file(trace, "--trace")
+        if out is not None and trace.resolve().is_relative_to(out.resolve()):
+            raise ConfigError("the trace file lies inside the --out folder, which is "
+                              "replaced as a whole; write it elsewhere", file=str(trace),
+                              key="--trace")
+
+
+def with_skip_bad_rows(sc: Scenario, file: str) -> Scenario:
+    if sc.workload.arrival.kind != "trace":
+        raise ConfigError("--skip-bad-rows is for trace workloads (workload.arrival.kind: "
+                          f"trace), this one is {sc.workload.arrival.kind!r}", file=file,
+                          key="--skip-bad-rows")
+    return sc.with_(**{"workload.arrival.skip_bad_rows": True})
+
+
+def report_skipped(result: RunResult, console: Console) -> None:
+    skipped = result.summary.get("trace_rows_skipped") or 0
+    if skipped:
+        console.print(f"skipped {skipped} bad trace row(s) (--skip-bad-rows)")

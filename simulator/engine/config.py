@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No field means "unbounded" by infinity; NaN compares false with every bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ----- arrival processes -------------------------------------------------------------
@@ -69,6 +70,9 @@ class TraceArrival(Spec):
     time_scale: float = Field(1.0, gt=0, description="Multiply inter-arrival gaps by this "
                                                      "(0.5 = twice the rate).")
     start_s: float = Field(0.0, ge=0, description="Skip the trace's first seconds.")
+    skip_bad_rows: bool = Field(False, description=(
+        "Leave out rows with bad values (counted in the summary as `trace_rows_skipped`) "
+        "instead of stopping at the first; `run --skip-bad-rows` sets it."))
 
 
 Arrival = Annotated[

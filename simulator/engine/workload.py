@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from simulator.engine.config import (
@@ -28,7 +25,7 @@ from simulator.engine.config import (
     WorkloadSpec,
 )
 from simulator.engine.request import Request
-from simulator.errors import ConfigError
+from simulator.engine.traces import Trace, load_trace
 
 _CHUNK = 4096
 
@@ -53,70 +50,6 @@ def sample_lengths(spec: Length, rng: np.random.Generator, n: int) -> np.ndarray
     raise TypeError(f"unknown length spec {spec!r}")
 
 
-@dataclass(frozen=True)
-class Trace:
-    """Arrival times (s, from 0), prompt and output lengths, optional prefix block ids."""
-
-    times_s: np.ndarray
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
-    block_hashes: list[list[int]] | None = None
-
-
-def load_trace(path: str | Path) -> Trace:
-    """Read an Azure LLM trace CSV or a Mooncake JSONL trace."""
-    path = Path(path)
-    file = str(path)
-    if not path.is_file():
-        raise ConfigError("trace file not found", file=file)
-    if path.suffix == ".jsonl":
-        return _load_mooncake(path)
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
-        raise ConfigError(f"cannot parse trace CSV: {exc}", file=file) from None
-    need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
-    if not need <= set(df.columns):
-        raise ConfigError(
-            f"trace CSV needs columns {sorted(need)}, found {list(df.columns)}", file=file
-        )
-    times: np.ndarray
-    try:
-        stamps = pd.to_datetime(df["TIMESTAMP"], format="mixed")
-        times = (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=float)
-    except (ValueError, TypeError):
-        raw = pd.to_numeric(df["TIMESTAMP"], errors="raise").to_numpy(dtype=float)
-        times = raw - raw.min()
-    order = np.argsort(times, kind="stable")
-    ins = df["ContextTokens"].to_numpy(dtype=np.int64)[order]
-    outs = df["GeneratedTokens"].to_numpy(dtype=np.int64)[order]
-    return Trace(times[order], np.maximum(ins, 1), np.maximum(outs, 1))
-
-
-
-
-def _load_mooncake(path: Path) -> Trace:
-    """A Mooncake JSONL trace: timestamp (ms), input/output lengths, prefix block hashes."""
-    file = str(path)
-    times, ins, outs, hashes = [], [], [], []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                times.append(float(rec["timestamp"]) / 1000.0)
-                ins.append(int(rec["input_length"]))
-                outs.append(int(rec["output_length"]))
-                hashes.append([int(h) for h in rec.get("hash_ids", [])])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise ConfigError(f"bad Mooncake trace line {line_no}: {exc}",
-                                  file=file) from None
-    t = np.asarray(times)
-    return Trace(t - t.min() if len(t) else t, np.asarray(ins, dtype=np.int64),
-                 np.asarray(outs, dtype=np.int64), hashes)
-
-
 class Workload:
     """Issues requests into the cluster through ``submit``."""
 
@@ -138,7 +71,7 @@ class Workload:
             path = Path(spec.arrival.path)
             if not path.is_absolute():
                 path = self.base_dir / path
-            self.trace = load_trace(path)
+            self.trace = load_trace(path, skip_bad_rows=spec.arrival.skip_bad_rows)
         self._closed_left = 0
         self._lengths = self._length_iter()
 

@@ -21,6 +21,7 @@ from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.hardware.registry import load_device, load_link
 from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model
+from simulator.runner.checks import check_model_settings
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, Scenario
 
@@ -84,7 +85,8 @@ def _max_prompt(scenario: Scenario, base_dir: Path) -> int | None:
     w = scenario.workload
     if w.arrival.kind == "trace":
         path = Path(w.arrival.path)
-        trace = load_trace(path if path.is_absolute() else base_dir / path)
+        trace = load_trace(path if path.is_absolute() else base_dir / path,
+                           skip_bad_rows=w.arrival.skip_bad_rows)
         return int(trace.input_tokens.max()) if len(trace.input_tokens) else None
     spec = w.input_tokens
     extra = w.shared_prefix.tokens if w.shared_prefix else 0
@@ -263,6 +265,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                           else str(base_dir / scenario.model))
     except ConfigError as exc:
         raise _keyed(exc, file, "model") from None
+    check_model_settings(scenario, model, file)
     try:
         base_engine = load_engine(scenario.engine)
     except ConfigError as exc:

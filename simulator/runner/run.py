@@ -19,6 +19,7 @@ from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import add_latency_columns, summarize
 from simulator.runner.build import ClusterPlan, build_plan
+from simulator.runner.checks import VLLM_CONTEXT_RULE, check_context
 from simulator.runner.result import RunResult
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
@@ -39,6 +40,7 @@ class Simulation:
                  file: str | None = None) -> None:
         self.scenario = scenario
         self.plan: ClusterPlan = build_plan(scenario, base_dir, file)
+        check_context(scenario, self.plan.model, file)
 
     def run(self) -> RunResult:
         sc = self.scenario
@@ -53,12 +55,16 @@ class Simulation:
                           recorder, transfer, fast_forward=sc.simulation.fast_forward,
                           prefix_block_tokens=sc.workload.prefix_block_tokens)
         capacity = _admissible_tokens(cluster)
+        context = plan.model.max_context_tokens
 
         def submit(req: Request) -> None:
-            if req.prompt_tokens + req.output_tokens > capacity:
+            total = req.prompt_tokens + req.output_tokens
+            if total > context or total > capacity:
                 req.status = "rejected"
-                req.reason = (f"prompt+output {req.prompt_tokens + req.output_tokens} tokens "
-                              f"exceed the KV capacity of one instance ({capacity})")
+                req.reason = (f"prompt+output {total} tokens exceed the model's maximum "
+                              f"context ({context}); {VLLM_CONTEXT_RULE}" if total > context
+                              else f"prompt+output {total} tokens exceed the KV capacity of "
+                              f"one instance ({capacity})")
                 recorder.requests.append(req)
                 workload.on_finished(req)
                 return
@@ -105,6 +111,8 @@ class Simulation:
                                         "generated_tokens"].sum())
         summary.update(powered_cost_summary(powered, out_tokens))
         summary["retries"] = cluster.retries
+        if workload.trace is not None:
+            summary["trace_rows_skipped"] = sum(workload.trace.skipped.values())
         events = pd.DataFrame(recorder.events, columns=["time_s", "kind", "detail"])
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.

@@ -7,6 +7,7 @@ A path segment after a list selects an element by index or, for pools, by name. 
 from __future__ import annotations
 
 import copy
+import re
 from typing import TYPE_CHECKING, Any
 
 from simulator.config_io import validate
@@ -35,9 +36,14 @@ def _step(node: Any, segment: str, path: str) -> tuple[Any, Any]:
     raise ConfigError(f"cannot descend into a {type(node).__name__} value", key=path)
 
 
+def _segments(path: str) -> list[str]:
+    """``cluster.pools[0].parallelism`` (the spelling of error messages) = ``cluster.pools.0...``."""
+    return re.sub(r"\[(-?\d+)\]", r".\1", path).split(".")
+
+
 def set_path(data: dict[str, Any], path: str, value: Any) -> None:
     """Set ``path`` in a nested dict/list structure in place (missing dict keys are created)."""
-    segments = path.split(".")
+    segments = _segments(path)
     node: Any = data
     for depth, segment in enumerate(segments[:-1]):
         container, key = _step(node, segment, ".".join(segments[: depth + 1]))
@@ -50,7 +56,7 @@ def set_path(data: dict[str, Any], path: str, value: Any) -> None:
 
 def get_path(data: Any, path: str) -> Any:
     node = data
-    segments = path.split(".")
+    segments = _segments(path)
     for depth, segment in enumerate(segments):
         container, key = _step(node, segment, ".".join(segments[: depth + 1]))
         if isinstance(container, dict) and key not in container:

@@ -14,7 +14,8 @@ MAX_POOL_DEVICES = 100_000
 
 
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No field means "unbounded" by infinity; NaN compares false with every bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ParallelismSpec(Spec):
