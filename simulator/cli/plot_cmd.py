@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import pandas as pd
 import typer
-import yaml
 
 from simulator.cli.app import app
+from simulator.cli.outputs import check_out_file
 from simulator.errors import ConfigError
 
 
@@ -30,13 +30,49 @@ X_ALIASES = {"rate": "workload.arrival.rate_per_s", "throughput": "request_throu
              "tokens": "output_token_throughput"}
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    """A Parquet table; an unreadable one is bad input naming the file."""
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        reason = " ".join(str(exc).split())[:160]
+        raise ConfigError(f"not a readable Parquet table ({type(exc).__name__}: {reason})",
+                          file=str(path)) from None
+
+
+def _read_yaml_mapping(path: Path) -> dict[str, Any]:
+    from simulator.config_io import read_yaml
+
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping (a resolved scenario)", file=str(path))
+    return data
+
+
+def _interval(value: Any, path: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 2**53:
+        raise ConfigError(f"must be a positive number of seconds, got {value!r}",
+                          file=str(path), key="simulation.monitor_interval_s")
+    return float(value)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"not readable JSON ({type(exc).__name__})", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a JSON object", file=str(path))
+    return data
+
+
 def _table(results: Path) -> tuple[pd.DataFrame, Path]:
     """The results table and the folder it lives in."""
     if results.is_file() and results.suffix == ".parquet":
-        return pd.read_parquet(results), results.parent
+        return _read_parquet(results), results.parent
     for name in ("results.parquet", "plan.parquet"):
         if (results / name).is_file():
-            return pd.read_parquet(results / name), results
+            return _read_parquet(results / name), results
     raise ConfigError("no results.parquet (sweep) or plan.parquet (plan) here; give a sweep "
                       "or plan output folder, or a .parquet file", file=str(results))
 
@@ -46,8 +82,8 @@ def _run_frames(results: Path, run_ids: list[str] | None, kind: Kind
     """{label: {"requests": df, "steps": df}} and the SLO, from a run folder or a sweep."""
     if (results / "requests.parquet").is_file():  # `disagg-sim run --out` folder
         resolved = results / "scenario.resolved.yaml"
-        slo = yaml.safe_load(resolved.read_text()).get("slo", {}) if resolved.is_file() else {}
-        frames = {n: pd.read_parquet(results / f"{n}.parquet") for n in ("requests", "steps")}
+        slo = (_read_yaml_mapping(resolved).get("slo") or {}) if resolved.is_file() else {}
+        frames = {n: _read_parquet(results / f"{n}.parquet") for n in ("requests", "steps")}
         return {results.name: frames}, {k: v for k, v in slo.items() if v}
     table, folder = _table(results)
     if "run_id" not in table:
@@ -64,7 +100,7 @@ def _run_frames(results: Path, run_ids: list[str] | None, kind: Kind
     else:  # one run per configuration (lowest seed), at most eight
         chosen = ok.sort_values("seed").drop_duplicates("config_id").sort_values("index").head(8)
     meta_path = folder / "sweep.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = _read_json(meta_path) if meta_path.is_file() else {}
     from simulator.plots.common import axis_columns, config_labels
     from simulator.plots.sweep import slo_targets
 
@@ -79,7 +115,7 @@ def _run_frames(results: Path, run_ids: list[str] | None, kind: Kind
 def _load_or_rerun(folder: Path, row: pd.Series, meta: dict[str, Any]) -> dict[str, pd.DataFrame]:
     saved = folder / "runs" / row["run_id"]
     if (saved / "requests.parquet").is_file():
-        return {n: pd.read_parquet(saved / f"{n}.parquet") for n in ("requests", "steps")}
+        return {n: _read_parquet(saved / f"{n}.parquet") for n in ("requests", "steps")}
     # Frames were not saved: runs are deterministic, so simulate this one again.
     from simulator.runner.run import run
     from simulator.scenario.schema import Scenario
@@ -114,8 +150,15 @@ def plot(
     matplotlib.use("Agg")
     from simulator import plots
 
+    if not 0 < target <= 1:  # NaN fails this too
+        raise ConfigError(f"must be a share in (0, 1], got {target}", file="command line",
+                          key="--target")
+    if not results.exists():
+        raise ConfigError("not found; give a sweep, plan or run output folder, or a .parquet "
+                          "table", file=str(results))
     folder = results if results.is_dir() else results.parent
     out = out or folder / "plots"
+    check_out_file(out / kind.value.replace("-", "_"), "--out")
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     try:
         fig = _figure(results, kind, xcol=X_ALIASES.get(x, x), metric=metric, run_id=run_id,
@@ -155,10 +198,10 @@ def _figure(results: Path, kind: Kind, *, xcol: str, metric: str,
             interval = 10.0
             resolved = results / "scenario.resolved.yaml"
             if resolved.is_file():
-                sim = yaml.safe_load(resolved.read_text()).get("simulation") or {}
-                interval = float(sim.get("monitor_interval_s", interval))
+                sim = _read_yaml_mapping(resolved).get("simulation") or {}
+                interval = _interval(sim.get("monitor_interval_s", interval), resolved)
             events_path = results / "events.parquet"
-            events = pd.read_parquet(events_path) if events_path.is_file() else None
+            events = _read_parquet(events_path) if events_path.is_file() else None
             fig = plots.monitoring_plot(
                 pool_timeseries(first["steps"], first["requests"], interval), events,
                 title=f"Monitoring: {name}")

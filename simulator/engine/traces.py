@@ -111,8 +111,8 @@ def _timestamps(values: pd.Series, rows: _Rows) -> np.ndarray:
                              "seconds nor a datetime (e.g. 2023-11-16 18:15:46.68)")
         good = stamps.notna().to_numpy() & ~numeric
         if good.any():
-            ns = stamps[good].astype("int64").to_numpy()
-            out[good] = (ns - ns.min()) / 1e9
+            kept = stamps[good]
+            out[good] = (kept - kept.min()).dt.total_seconds().to_numpy(dtype=float)
     return out
 
 
@@ -178,8 +178,13 @@ def _whole(rec: dict[str, Any], key: str, row: int, rows: _Rows, low: int) -> in
     return int(value)
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number")
+def _placeholder(times: list[float], ins: list[int], outs: list[int],
+                 hashes: list[list[int]]) -> None:
+    """Keep one entry per line (a left-out row) so that rows stay line numbers."""
+    times.append(0.0)
+    ins.append(0)
+    outs.append(0)
+    hashes.append([])
 
 
 def _load_mooncake(path: Path, rows: _Rows) -> Trace:
@@ -196,17 +201,17 @@ def _load_mooncake(path: Path, rows: _Rows) -> Trace:
     for row, line in enumerate(lines, 1):  # one entry per line, so rows are line numbers
         if not line.strip():
             rows.blank.add(row)
-            times.append(0.0), ins.append(0), outs.append(0), hashes.append([])
+            _placeholder(times, ins, outs, hashes)
             continue
         try:
-            rec = json.loads(line, parse_constant=_reject_constant)
+            rec = json.loads(line)  # NaN/Infinity parse, then fail the finiteness checks
         except (json.JSONDecodeError, ValueError, RecursionError) as exc:
             rows.problem(row, "-", f"not a JSON object ({str(exc)[:80]})")
             rec = None
         if not isinstance(rec, dict):
             if rec is not None:
                 rows.problem(row, "-", f"expected a JSON object, got {type(rec).__name__}")
-            times.append(0.0), ins.append(0), outs.append(0), hashes.append([])
+            _placeholder(times, ins, outs, hashes)
             continue
         stamp = rec.get("timestamp")
         if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not math.isfinite(

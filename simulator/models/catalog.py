@@ -92,11 +92,49 @@ def get_model(name: str) -> ModelConfig:
     )
 
 
-def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    return default
+# Model types whose transformers config class defaults `tie_word_embeddings` to False
+# (configuration_llama.py, _mistral, _mixtral, _qwen2, _qwen2_moe, _qwen3, _qwen3_moe,
+# _deepseek_v2, _deepseek_v3, _phi3); every other type inherits PretrainedConfig's True.
+UNTIED_BY_DEFAULT = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                               "qwen3_moe", "deepseek_v2", "deepseek_v3", "phi3"})
+
+
+class _Reader:
+    """Typed access to a config.json: a wrong type names the key, never a crash later."""
+
+    def __init__(self, cfg: dict[str, Any], file: str) -> None:
+        self.cfg, self.file = cfg, file
+
+    def _bad(self, key: str, want: str) -> ConfigError:
+        return ConfigError(f"must be {want}, got {self.cfg[key]!r}", file=self.file, key=key)
+
+    def whole(self, *keys: str, default: int | None = None) -> int | None:
+        for key in keys:
+            value = self.cfg.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self._bad(key, "an integer")
+            if not 0 <= value <= 2**53:
+                raise self._bad(key, "an integer in 0..2**53")
+            return value
+        return default
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._bad(key, "true or false")
+        return value
+
+    def text(self, key: str, default: str = "") -> str:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._bad(key, "a string")
+        return value
 
 
 def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
@@ -111,52 +149,61 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
         raise ConfigError("model config file not found", file=file) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"not valid JSON ({exc})", file=file) from None
+    except RecursionError:
+        raise ConfigError("not valid JSON (nested too deeply)", file=file) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read file ({exc.strerror or exc})", file=file) from None
     if not isinstance(cfg, dict):
         raise ConfigError("expected a JSON object", file=file)
-    model_type = str(cfg.get("model_type", ""))
-    hidden = _first(cfg, "hidden_size", "d_model")
-    heads = _first(cfg, "num_attention_heads", "n_head")
+    r = _Reader(cfg, file)
+    model_type = r.text("model_type")
+    hidden = r.whole("hidden_size", "d_model")
+    heads = r.whole("num_attention_heads", "n_head")
+    max_context = r.whole("max_position_embeddings", "n_positions", default=4096)
     fields: dict[str, Any] = {
-        "name": name or cfg.get("_name_or_path") or path.parent.name or "hf-model",
-        "num_layers": _first(cfg, "num_hidden_layers", "n_layer"),
+        "name": name or r.text("_name_or_path") or path.parent.name or "hf-model",
+        "num_layers": r.whole("num_hidden_layers", "n_layer"),
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_kv_heads": _first(cfg, "num_key_value_heads", default=heads),
-        "intermediate_size": _first(cfg, "intermediate_size", "ffn_dim"),
-        "vocab_size": cfg.get("vocab_size"),
-        "max_context_tokens": _first(cfg, "max_position_embeddings", "n_positions", default=4096),
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", model_type == "opt")),
+        "num_kv_heads": r.whole("num_key_value_heads", default=heads),
+        "intermediate_size": r.whole("intermediate_size", "ffn_dim"),
+        "vocab_size": r.whole("vocab_size"),
+        "max_context_tokens": max_context,
+        "tie_word_embeddings": r.flag("tie_word_embeddings",
+                                      model_type not in UNTIED_BY_DEFAULT),
         "source": f"Hugging Face config.json at {file}",
     }
-    head_dim = cfg.get("head_dim")
+    head_dim = r.whole("head_dim")
     if head_dim is None and hidden and heads:
         head_dim = hidden // heads
     fields["head_dim"] = head_dim
     if model_type == "opt":
         fields.update(mlp_kind="plain", norm_kind="layer", learned_positions=(
-            (fields["max_context_tokens"] or 2048) + 2))
-    if model_type.startswith("qwen2") or cfg.get("attention_bias"):
+            (max_context or 2048) + 2))
+    if model_type.startswith("qwen2") or r.flag("attention_bias", False):
         fields["qkv_bias"] = True
     if model_type.startswith("qwen3"):
         fields["qk_norm"] = True
-    experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0)
+    experts = r.whole("num_local_experts", "num_experts", "n_routed_experts", default=0)
     if experts:
         fields.update(
             num_experts=experts,
-            num_experts_per_token=cfg.get("num_experts_per_tok", 0),
-            moe_intermediate_size=cfg.get("moe_intermediate_size") or fields["intermediate_size"],
-            num_shared_experts=cfg.get("n_shared_experts") or 0,
-            first_dense_layers=cfg.get("first_k_dense_replace") or 0,
+            num_experts_per_token=r.whole("num_experts_per_tok", default=0),
+            moe_intermediate_size=r.whole("moe_intermediate_size") or fields["intermediate_size"],
+            num_shared_experts=r.whole("n_shared_experts", default=0),
+            first_dense_layers=r.whole("first_k_dense_replace", default=0),
         )
-    if cfg.get("kv_lora_rank"):
+    if r.whole("kv_lora_rank"):
+        nope = r.whole("qk_nope_head_dim", default=0) or 0
+        rope = r.whole("qk_rope_head_dim", default=0) or 0
         fields.update(
             attention="mla",
-            q_lora_rank=cfg.get("q_lora_rank") or 0,
-            kv_lora_rank=cfg["kv_lora_rank"],
-            qk_nope_head_dim=cfg.get("qk_nope_head_dim", 0),
-            qk_rope_head_dim=cfg.get("qk_rope_head_dim", 0),
-            v_head_dim=cfg.get("v_head_dim", 0),
-            head_dim=cfg.get("qk_nope_head_dim", 0) + cfg.get("qk_rope_head_dim", 0),
+            q_lora_rank=r.whole("q_lora_rank", default=0),
+            kv_lora_rank=r.whole("kv_lora_rank"),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            v_head_dim=r.whole("v_head_dim", default=0),
+            head_dim=nope + rope,
         )
     missing = [k for k, v in fields.items() if v is None]
     if missing:
