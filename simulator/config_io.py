@@ -40,6 +40,7 @@ def read_yaml(path: str | Path) -> Any:
         if node is None:
             raise ConfigError("file is empty, expected a mapping of keys", file=file)
         _check_duplicate_keys(node, file)
+        _check_expanded_size(node, file)
         data = loader.construct_document(node)
     except yaml.reader.ReaderError as exc:
         char = exc.character if isinstance(exc.character, int) else ord(exc.character or "?")
@@ -60,6 +61,44 @@ def read_yaml(path: str | Path) -> Any:
     if data is None:
         raise ConfigError("file is empty, expected a mapping of keys", file=file)
     return data
+
+
+MAX_EXPANDED_VALUES = 1_000_000
+"""Most values a file may hold once its aliases are expanded (a scenario has ~100)."""
+
+
+def _check_expanded_size(root: yaml.Node, file: str) -> None:
+    """Refuse an alias bomb: a few lines whose aliases expand to billions of values.
+
+    Sizes are memoised per node, so the count costs one visit per node however deep the
+    aliases nest.
+    """
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in size:
+            continue
+        kids: list[yaml.Node] = []
+        if isinstance(node, yaml.MappingNode):
+            kids = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            kids = list(node.value)
+        if not children_done:
+            if id(node) in open_nodes:  # reached again below itself
+                raise ConfigError("an alias refers to a mapping or list that contains it "
+                                  "(a recursive alias); write the values out", file=file)
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in size)
+            continue
+        open_nodes.discard(id(node))
+        size[id(node)] = 1 + sum(size.get(id(k), 1) for k in kids)
+        if size[id(node)] > MAX_EXPANDED_VALUES:
+            raise ConfigError(f"the file expands to more than {MAX_EXPANDED_VALUES:,} values "
+                              "through its aliases (&anchor / *alias); write the values out "
+                              "or use fewer nested aliases", file=file)
 
 
 def _check_duplicate_keys(root: yaml.Node, file: str) -> None:

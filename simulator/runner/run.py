@@ -18,6 +18,7 @@ from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import add_latency_columns, summarize
+from simulator.runner.budget import check_budget, estimate_run
 from simulator.runner.build import ClusterPlan, build_plan
 from simulator.runner.checks import VLLM_CONTEXT_RULE, check_context
 from simulator.runner.result import RunResult
@@ -41,6 +42,8 @@ class Simulation:
         self.scenario = scenario
         self.plan: ClusterPlan = build_plan(scenario, base_dir, file)
         check_context(scenario, self.plan.model, file)
+        pools = {p.spec.name: p.spec.max_instances for p in self.plan.pools}
+        check_budget(estimate_run(scenario, pools), file)
 
     def run(self) -> RunResult:
         sc = self.scenario

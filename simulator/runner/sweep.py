@@ -48,9 +48,11 @@ from simulator.errors import ConfigError, SimulationError, SimulatorError
 from simulator.runner.executors import default_workers, make_executor
 from simulator.runner.goodput import GoodputSpec
 from simulator.scenario.load import load_scenario, scenario_dir
-from simulator.scenario.paths import apply_updates, get_path
+from simulator.scenario.paths import apply_updates, get_path, split_path
 from simulator.scenario.schema import Scenario
 
+MAX_SWEEP_RUNS = 100_000
+"""Most runs one sweep may expand to (each is validated and hashed up front)."""
 Progress = Callable[[int, int, int], None]
 """``progress(done, failed, total)``: called once before the first run and after each."""
 
@@ -148,7 +150,7 @@ def _check_path(data: dict[str, Any], path: str, key: str) -> None:
     if path == "seed":
         raise ConfigError("vary the seed with `seeds:`, not as an axis", key=key)
     node: Any = data
-    segments = path.split(".")
+    segments = split_path(path)
     for depth, segment in enumerate(segments):
         where = ".".join(segments[:depth]) or "the scenario"
         if isinstance(node, dict):
@@ -230,6 +232,13 @@ def expand(spec: SweepSpec, *, file: str | None = None, folder: Path | None = No
             _check_path(data, path, key)
         except ConfigError as exc:
             raise exc.with_file(file or "") from None
+    seeds = spec.seeds or [base.seed]
+    runs = math.prod(len(d) for d in dims) * len(seeds)
+    if runs > MAX_SWEEP_RUNS:
+        sizes = " x ".join(str(len(d)) for d in dims) or "1"
+        raise ConfigError(f"{runs:,} runs ({sizes} points x {len(seeds)} seeds); at most "
+                          f"{MAX_SWEEP_RUNS:,} per sweep: use fewer axis values or seeds, or "
+                          "split the sweep", file=file, key="grid")
     points: list[dict[str, Any]] = []
     for combo in itertools.product(*dims):
         point: dict[str, Any] = {}
@@ -237,7 +246,6 @@ def expand(spec: SweepSpec, *, file: str | None = None, folder: Path | None = No
             point.update(part)
         points.append(point)
     cells = _cells(points, axes)
-    seeds = spec.seeds or [base.seed]
     goodput = spec.goodput.model_dump(mode="json") if spec.goodput else None
     tasks: list[RunTask] = []
     seen: dict[str, int] = {}

@@ -36,14 +36,14 @@ def _step(node: Any, segment: str, path: str) -> tuple[Any, Any]:
     raise ConfigError(f"cannot descend into a {type(node).__name__} value", key=path)
 
 
-def _segments(path: str) -> list[str]:
+def split_path(path: str) -> list[str]:
     """``cluster.pools[0].parallelism`` (the spelling of error messages) = ``cluster.pools.0...``."""
     return re.sub(r"\[(-?\d+)\]", r".\1", path).split(".")
 
 
 def set_path(data: dict[str, Any], path: str, value: Any) -> None:
     """Set ``path`` in a nested dict/list structure in place (missing dict keys are created)."""
-    segments = _segments(path)
+    segments = split_path(path)
     node: Any = data
     for depth, segment in enumerate(segments[:-1]):
         container, key = _step(node, segment, ".".join(segments[: depth + 1]))
@@ -56,7 +56,7 @@ def set_path(data: dict[str, Any], path: str, value: Any) -> None:
 
 def get_path(data: Any, path: str) -> Any:
     node = data
-    segments = _segments(path)
+    segments = split_path(path)
     for depth, segment in enumerate(segments):
         container, key = _step(node, segment, ".".join(segments[: depth + 1]))
         if isinstance(container, dict) and key not in container:
