@@ -9,6 +9,8 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_SIM_FAILURE = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 class SimulatorError(Exception):
@@ -49,3 +51,16 @@ class MemoryFitError(ConfigError):
 
 class SimulationError(SimulatorError):
     """The simulation itself failed (a bug, or a state the model cannot represent)."""
+
+
+class Interrupted(SimulatorError):
+    """Ctrl-C or SIGTERM stopped a command after it saved what was done.
+
+    ``str()`` says what was kept and how to resume; ``exit_code`` is 130 or 143. It is an
+    ``Exception``, not a ``KeyboardInterrupt``, so the CLI framework (which turns a
+    ``KeyboardInterrupt`` into a silent exit 130) lets the message through.
+    """
+
+    def __init__(self, message: str = "interrupted", exit_code: int = EXIT_INTERRUPTED):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -41,7 +41,8 @@ def test_quoted_and_overflowing_numbers_are_rejected(tmp_path: Path, value: str,
     path = scenario(tmp_path, **{"workload.arrival.rate_per_s": value})
     code, err = exit_code(["run", str(path)], capsys)
     assert code == EXIT_BAD_INPUT, err
-    assert "workload.arrival" in err and "rate_per_s" in err
+    assert "workload.arrival" in err
+    assert "rate_per_s" in err
     assert ("finite" in err) or ("out of range" in err)
 
 
@@ -91,7 +92,8 @@ def test_bad_trace_rows_name_row_and_column(tmp_path: Path, rows: str, says: str
     code, err = exit_code(["run", str(trace_scenario(tmp_path, rows))], capsys)
     assert code == EXIT_BAD_INPUT, err
     assert len(err.splitlines()) == 1
-    assert says in err and "t.csv" in err
+    assert says in err
+    assert "t.csv" in err
 
 
 def test_skip_bad_rows_counts_what_it_leaves_out(tmp_path: Path,
@@ -136,7 +138,8 @@ def test_tp_must_divide_the_attention_heads(tmp_path: Path, model: str, tp: int,
                                               "cluster.pools.0.device": "B200"})
     code, err = exit_code(["run", str(path)], capsys)
     assert code == EXIT_BAD_INPUT, err
-    assert "cluster.pools[0].parallelism.tp" in err and "divisible" in err
+    assert "cluster.pools[0].parallelism.tp" in err
+    assert "divisible" in err
 
 
 @pytest.mark.parametrize("updates", [{"cluster.pools.0.parallelism": {"tp": 2, "ep": 2}},
@@ -168,7 +171,8 @@ def test_a_workload_that_never_fits_the_context(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     path = scenario(tmp_path, **{"workload.input_tokens.tokens": 200_000})
     code, err = exit_code(["run", str(path)], capsys)
-    assert code == EXIT_BAD_INPUT and "maximum context" in err
+    assert code == EXIT_BAD_INPUT
+    assert "maximum context" in err
 
 
 # ----- validation messages ------------------------------------------------------------
@@ -177,16 +181,20 @@ def test_every_error_and_did_you_mean(tmp_path: Path,
     path = scenario(tmp_path, **{"workload.arrival": {"kind": "poisson", "rate": 3},
                                  "workload.num_request": 5})
     code, err = exit_code(["run", str(path)], capsys)
-    assert code == EXIT_BAD_INPUT and len(err.splitlines()) == 1
-    assert "did you mean 'rate_per_s'" in err and "did you mean 'num_requests'" in err
-    assert "$defs.PoissonArrival" in err and "more error" not in err
+    assert code == EXIT_BAD_INPUT
+    assert len(err.splitlines()) == 1
+    assert "did you mean 'rate_per_s'" in err
+    assert "did you mean 'num_requests'" in err
+    assert "$defs.PoissonArrival" in err
+    assert "more error" not in err
 
 
 def test_set_accepts_the_index_spelling_of_messages(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     code, err = exit_code(["run", str(scenario(tmp_path)), "--set",
                            "cluster.pools[0].parallelism.tp=3"], capsys)
-    assert code == EXIT_BAD_INPUT and "cluster.pools[0].parallelism.tp" in err
+    assert code == EXIT_BAD_INPUT
+    assert "cluster.pools[0].parallelism.tp" in err
     assert "divisible" in err
 
 
@@ -219,7 +227,8 @@ def test_bad_output_paths_fail_before_simulating(tmp_path: Path, where: str,
     code = _run(["run", str(scenario(tmp_path)), *extra])
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT, err
-    assert len(err.splitlines()) == 1 and "internal error" not in err
+    assert len(err.splitlines()) == 1
+    assert "internal error" not in err
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine"
 
 
@@ -241,7 +250,8 @@ def test_corrupt_parquet_given_to_plot(tmp_path: Path,
     code = _run(["plot", str(bad), "--kind", "latency"])
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT, err
-    assert "results.parquet" in err and "internal error" not in err
+    assert "results.parquet" in err
+    assert "internal error" not in err
 
 
 # ----- Hugging Face configs -----------------------------------------------------------

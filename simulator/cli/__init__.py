@@ -21,7 +21,7 @@ from simulator.cli import (  # noqa: F401  (registers commands)  # noqa: F401  (
     validate_cmd,
 )
 from simulator.cli.app import app
-from simulator.errors import EXIT_SIM_FAILURE, SimulatorError
+from simulator.errors import EXIT_INTERRUPTED, EXIT_SIM_FAILURE, Interrupted, SimulatorError
 
 if TYPE_CHECKING:
     import click
@@ -39,12 +39,15 @@ def main(argv: list[str] | None = None, command: click.Command | None = None) ->
             app(args=argv, standalone_mode=True)
         else:
             command.main(args=argv, standalone_mode=True)
+    except Interrupted as exc:  # Ctrl-C or SIGTERM, after saving what was done
+        sys.stderr.write(f"{_one_line(str(exc))}\n")
+        sys.exit(exc.exit_code)
     except SimulatorError as exc:
         sys.stderr.write(f"error: {_one_line(str(exc))}\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # a bug: say so in one line, keep the details available
         sys.stderr.write(f"internal error: {type(exc).__name__}: {_one_line(str(exc))} "
                          "(set DISAGG_SIM_DEBUG=1 for the traceback)\n")

@@ -16,13 +16,19 @@ to do with either. Nothing here knows about scenarios.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any, Literal, Protocol, TypeVar
 
-from simulator.errors import ConfigError
+from simulator.errors import EXIT_TERMINATED, ConfigError
 
 T = TypeVar("T")
 ExecutorKind = Literal["local", "dask"]
@@ -35,6 +41,10 @@ class Executor(Protocol):
                       ) -> Iterator[tuple[T, Any]]: ...
 
     def close(self) -> None: ...
+
+    def terminate(self) -> None:
+        """Stop at once (after Ctrl-C or SIGTERM): no new runs, running ones ended."""
+        ...
 
 
 class InlineExecutor:
@@ -49,11 +59,52 @@ class InlineExecutor:
     def close(self) -> None:
         pass
 
+    def terminate(self) -> None:
+        pass
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be (so runs in progress are not blamed for it)."""
+
+    exit_code = EXIT_TERMINATED
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        if os.getppid() != parent:  # the parent died; we were handed to init
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def worker_init(parent: int) -> None:
+    """Run first in every local worker: the parent alone handles Ctrl-C, and a worker
+    never outlives its parent, even one killed with SIGKILL.
+
+    On Linux the kernel delivers SIGKILL to the worker when the parent dies
+    (``prctl(PR_SET_PDEATHSIG)``); everywhere a thread also watches the parent's pid, which
+    covers other systems and a parent that died before the ``prctl`` call.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                     name="watch-parent").start()
+
 
 class LocalExecutor:
     def __init__(self, workers: int) -> None:
         self._pool = ProcessPoolExecutor(max_workers=workers,
-                                         mp_context=multiprocessing.get_context("spawn"))
+                                         mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=worker_init, initargs=(os.getpid(),))
 
     def map_unordered(self, fn: Callable[[T], Any], items: Sequence[T]
                       ) -> Iterator[tuple[T, Any]]:
@@ -68,6 +119,18 @@ class LocalExecutor:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def terminate(self) -> None:
+        """Stop now: cancel what has not started and end the runs in progress."""
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
 
 
 class DaskExecutor:
@@ -109,6 +172,26 @@ class DaskExecutor:
         self._client.close()
         if self._cluster is not None:
             self._cluster.close()
+
+    def terminate(self) -> None:
+        self.close()  # closing the client releases its futures; the cluster stops its workers
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While running, SIGTERM stops the sweep the way Ctrl-C does (exit 143, not 130)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(_signum: int, _frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_workers() -> int:

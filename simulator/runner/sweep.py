@@ -31,8 +31,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
-import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor
@@ -44,9 +42,17 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.config_io import read_yaml, validate
-from simulator.errors import ConfigError, SimulationError, SimulatorError
-from simulator.runner.executors import default_workers, make_executor
+from simulator.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    ConfigError,
+    Interrupted,
+    SimulationError,
+    SimulatorError,
+)
+from simulator.runner.executors import default_workers, make_executor, sigterm_interrupts
 from simulator.runner.goodput import GoodputSpec
+from simulator.runner.store import ResultStore, SweepLock, atomic_write, write_meta
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.paths import apply_updates, get_path, split_path
 from simulator.scenario.schema import Scenario
@@ -312,65 +318,6 @@ def execute_run(task: RunTask) -> tuple[dict[str, Any], Any]:
     return row, (result if task.frames else None)
 
 
-# ----- results on disk --------------------------------------------------------------
-def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-class ResultStore:
-    """``OUT/runs/<id>.json`` per finished run; ``OUT/results.parquet`` rebuilt from them."""
-
-    def __init__(self, out: str | Path) -> None:
-        self.out = Path(out)
-        self.runs = self.out / "runs"
-        self.runs.mkdir(parents=True, exist_ok=True)
-        for stale in self.runs.glob(".tmp-*"):  # left by a killed sweep
-            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-
-    def row(self, run_id: str) -> dict[str, Any] | None:
-        path = self.runs / f"{run_id}.json"
-        if not path.is_file():
-            return None
-        return json.loads(path.read_text())
-
-    def save(self, row: dict[str, Any], result: Any = None) -> None:
-        run_id = row["run_id"]
-        if result is not None:
-            final = self.runs / run_id
-            tmp = self.runs / f".tmp-{os.getpid()}-{run_id}"
-            result.save(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        text = json.dumps(row, allow_nan=True)
-        _atomic_write(self.runs / f"{run_id}.json", lambda p: p.write_text(text))
-
-    def table(self, tasks: list[RunTask]) -> pd.DataFrame:
-        rows = []
-        for task in tasks:
-            row = self.row(task.run_id)
-            if row is not None:
-                row["scenario_json"] = json.dumps(task.scenario, sort_keys=True)
-                rows.append(row)
-        return pd.DataFrame(rows)
-
-    def write_table(self, frame: pd.DataFrame) -> Path:
-        path = self.out / "results.parquet"
-        _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
-        return path
-
-
-def _write_meta(store: ResultStore, sweep: Sweep) -> None:
-    meta = {"name": sweep.spec.name, "description": sweep.spec.description,
-            "axes": sweep.axes, "seeds": sorted({t.seed for t in sweep.tasks}),
-            "runs": len(sweep.tasks), "file": sweep.file, "base_dir": str(sweep.base_dir),
-            "goodput": sweep.spec.goodput is not None}
-    text = json.dumps(meta, indent=2) + "\n"
-    _atomic_write(store.out / "sweep.json", lambda p: p.write_text(text))
-
-
 NOT_METRICS = frozenset({"run_id", "config_id", "index", "seed", "status", "error", "wall_s",
                          "scenario_json"})
 
@@ -395,11 +342,23 @@ def aggregate(table: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
 def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "local",
               workers: int | None = None, scheduler: str | None = None,
               retry_failed: bool = True, progress: Progress | None = None) -> pd.DataFrame:
-    """Run every task not already finished in ``out`` and return the full results table."""
+    """Run every task not already finished in ``out`` and return the full results table.
+
+    One sweep at a time writes to ``out`` (:class:`SweepLock`). On Ctrl-C or SIGTERM the
+    workers are stopped, the finished runs are kept and tabled, and :class:`Interrupted`
+    says how to resume.
+    """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
+    with SweepLock(Path(out)), sigterm_interrupts():
+        return _run_locked(sweep, out, executor, workers, scheduler, retry_failed, progress)
+
+
+def _run_locked(sweep: Sweep, out: str | Path, executor: str, workers: int | None,
+                scheduler: str | None, retry_failed: bool, progress: Progress | None
+                ) -> pd.DataFrame:
     store = ResultStore(out)
-    _write_meta(store, sweep)
+    write_meta(store, sweep)
     pending, done, failed = [], 0, 0
     for task in sweep.tasks:
         row = store.row(task.run_id)
@@ -413,7 +372,7 @@ def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "lo
         progress(done, failed, total)
     try:
         if pending:
-            n = workers or min(default_workers(), len(pending))
+            n = min(workers or default_workers(), len(pending))
             pool = make_executor(executor, n, scheduler)
             try:
                 for task, outcome in pool.map_unordered(execute_run, pending):
@@ -433,12 +392,19 @@ def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "lo
                     failed += row["status"] != "ok"
                     if progress:
                         progress(done, failed, total)
+            except KeyboardInterrupt as exc:
+                pool.terminate()
+                code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
+                raise Interrupted(
+                    f"{'terminated' if code == EXIT_TERMINATED else 'interrupted'}: {done} of "
+                    f"{total} runs done and kept in {store.out}; rerun the same command to "
+                    "resume", code) from None
             finally:
                 pool.close()
     finally:
         table = store.table(sweep.tasks)
         store.write_table(table)
         by_config = aggregate(table, sweep.axes)
-        _atomic_write(store.out / "aggregate.parquet",
+        atomic_write(store.out / "aggregate.parquet",
                       lambda p: by_config.to_parquet(p, index=False))
     return table
