@@ -53,7 +53,7 @@ class SimulationError(SimulatorError):
     """The simulation itself failed (a bug, or a state the model cannot represent)."""
 
 
-class Interrupted(SimulatorError):
+class InterruptedRunError(SimulatorError):
     """Ctrl-C or SIGTERM stopped a command after it saved what was done.
 
     ``str()`` says what was kept and how to resume; ``exit_code`` is 130 or 143. It is an

@@ -21,7 +21,7 @@ from simulator.cli import (  # noqa: F401  (registers commands)  # noqa: F401  (
     validate_cmd,
 )
 from simulator.cli.app import app
-from simulator.errors import EXIT_INTERRUPTED, EXIT_SIM_FAILURE, Interrupted, SimulatorError
+from simulator.errors import EXIT_INTERRUPTED, EXIT_SIM_FAILURE, InterruptedRunError, SimulatorError
 
 if TYPE_CHECKING:
     import click
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None, command: click.Command | None = None) ->
             app(args=argv, standalone_mode=True)
         else:
             command.main(args=argv, standalone_mode=True)
-    except Interrupted as exc:  # Ctrl-C or SIGTERM, after saving what was done
+    except InterruptedRunError as exc:  # Ctrl-C or SIGTERM, after saving what was done
         sys.stderr.write(f"{_one_line(str(exc))}\n")
         sys.exit(exc.exit_code)
     except SimulatorError as exc:

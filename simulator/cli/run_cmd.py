@@ -11,7 +11,7 @@ from simulator.cli.app import app
 from simulator.cli.outputs import check_out_file, check_out_folder, staged_folder
 from simulator.cli.overrides import apply_sets
 from simulator.cli.render import make_console, print_summary
-from simulator.errors import ConfigError, Interrupted
+from simulator.errors import ConfigError, InterruptedRunError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -50,7 +50,7 @@ def run(
     try:
         result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario), file=str(scenario))
     except KeyboardInterrupt:
-        raise Interrupted("interrupted before the run ended; nothing was written") from None
+        raise InterruptedRunError("interrupted before the run ended; nothing was written") from None
     console = make_console()
     print_summary(result.summary, f"{sc.name} (seed {result.scenario.seed})", console)
     console.print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps in "

@@ -46,7 +46,7 @@ from simulator.errors import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     ConfigError,
-    Interrupted,
+    InterruptedRunError,
     SimulationError,
     SimulatorError,
 )
@@ -345,7 +345,7 @@ def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "lo
     """Run every task not already finished in ``out`` and return the full results table.
 
     One sweep at a time writes to ``out`` (:class:`SweepLock`). On Ctrl-C or SIGTERM the
-    workers are stopped, the finished runs are kept and tabled, and :class:`Interrupted`
+    workers are stopped, the finished runs are kept and tabled, and :class:`InterruptedRunError`
     says how to resume.
     """
     if not isinstance(sweep, Sweep):
@@ -395,7 +395,7 @@ def _run_locked(sweep: Sweep, out: str | Path, executor: str, workers: int | Non
             except KeyboardInterrupt as exc:
                 pool.terminate()
                 code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
-                raise Interrupted(
+                raise InterruptedRunError(
                     f"{'terminated' if code == EXIT_TERMINATED else 'interrupted'}: {done} of "
                     f"{total} runs done and kept in {store.out}; rerun the same command to "
                     "resume", code) from None
