@@ -224,15 +224,20 @@ class Outcome:
 
 
 def feed(cli: click.Command, command: str, path: Path) -> Outcome:
+    """Run the CLI in-process on one file (see :func:`feed_argv`)."""
+    argv = [command, str(path)]
+    if command == "sweep":  # runs inline; one results folder per distinct file
+        digest = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+        argv += ["--out", str(path.parent / f"sweep-out-{digest}"), "--workers", "1"]
+    return feed_argv(cli, argv)
+
+
+def feed_argv(cli: click.Command, argv: list[str]) -> Outcome:
     """Run the CLI in-process; warnings count as stderr lines, as they would in a shell."""
     out, err = io.StringIO(), io.StringIO()
     with (contextlib.redirect_stdout(out), contextlib.redirect_stderr(err),
           warnings.catch_warnings(record=True) as caught):
         warnings.simplefilter("always")
-        argv = [command, str(path)]
-        if command == "sweep":  # runs inline; one results folder per distinct file
-            digest = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
-            argv += ["--out", str(path.parent / f"sweep-out-{digest}"), "--workers", "1"]
         try:
             main(argv, cli)
             code = EXIT_OK

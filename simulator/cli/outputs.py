@@ -40,8 +40,18 @@ def _probe_parent(path: Path, key: str) -> Path:
     return parent
 
 
+def _check_name(path: Path, key: str) -> None:
+    """Names the file system cannot hold fail here, not in ``stat`` further on."""
+    longest = 255  # NAME_MAX of Linux, macOS and Windows file systems
+    for part in path.parts:
+        if len(os.fsencode(part)) + 32 > longest:  # room for a temporary name's suffix
+            raise ConfigError(f"name too long ({len(os.fsencode(part))} bytes; at most "
+                              f"{longest - 32})", file=str(path)[:120] + "...", key=key)
+
+
 def check_out_file(path: Path, key: str) -> None:
     """A file the command will write (``--trace``): not a folder, in a writable folder."""
+    _check_name(path, key)
     if path.is_dir():
         raise ConfigError("is a folder; give a file name", file=str(path), key=key)
     _probe_parent(path, key)
@@ -50,6 +60,7 @@ def check_out_file(path: Path, key: str) -> None:
 def check_out_folder(path: Path, key: str = "--out", markers: tuple[str, ...] = RUN_MARKERS
                      ) -> None:
     """A folder the command will replace: absent, empty, or an earlier output (``markers``)."""
+    _check_name(path, key)
     if path.exists() and not path.is_dir():
         raise ConfigError("is a file; give a folder (created if missing)", file=str(path),
                           key=key)
@@ -68,7 +79,11 @@ def staged_folder(path: Path, key: str = "--out") -> Iterator[Path]:
     """
     check_out_folder(path, key)
     target = path.resolve()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(f"cannot create a folder beside it ({exc.strerror or exc})",
+                          file=str(path), key=key) from None
     umask = os.umask(0o022)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a results folder is not

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -108,7 +109,8 @@ def sweep(
                                                 "run's request/step/transfer frames "
                                                 "(default: the sweep file's `frames`).")] = None,
     retry_failed: Annotated[bool, typer.Option(help="Rerun runs that failed last time.")] = True,
-    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=(
+        "Show the progress bar (default: when stderr is a terminal)."))] = None,
 ) -> None:
     """Run every point of a sweep x its seeds; rerun the same command to resume."""
     from simulator.runner.sweep import aggregate, expand, load_sweep, run_sweep
@@ -121,7 +123,8 @@ def sweep(
     seeds = len({t.seed for t in loaded.tasks})
     console.print(f"sweep {loaded.spec.name}: {len(loaded.tasks)} runs "
                   f"({len(loaded.tasks) // max(1, seeds)} points x {seeds} seeds) -> {out}")
-    bar = _Bar(loaded.spec.name) if progress else None
+    show = progress if progress is not None else sys.stderr.isatty()
+    bar = _Bar(loaded.spec.name) if show else None
     try:
         table = run_sweep(loaded, out, executor=executor, workers=workers,
                           scheduler=scheduler, retry_failed=retry_failed, progress=bar)

@@ -38,6 +38,9 @@ BYTES_PER_MONITOR_ROW = 150
 FEWER_REQUESTS = ("workload.num_requests", "lower workload.num_requests (or "
                   "workload.duration_s)")
 COARSER_MONITORING = ("simulation.monitor_interval_s", "raise simulation.monitor_interval_s")
+MAX_SIM_TIME_S = 1e9
+"""Longest simulated span (~32 years); beyond it the clock's resolution nears a step's
+length and no study needs it."""
 MAX_TIMER_EVENTS = 10**8
 """Periodic events (autoscaler looks, random failures and repairs) one run may schedule."""
 
@@ -139,11 +142,17 @@ def available_bytes() -> float | None:
 
 
 def _gib(x: float) -> str:
-    return f"{x / 2**30:,.1f} GiB"
+    gib = x / 2**30
+    return f"{gib:,.1f} GiB" if gib < 1e6 else f"{gib:.3g} GiB"
 
 
 def check_budget(est: Estimate, file: str | None, free: float | None = None) -> None:
     """Refuse a run whose lower-bound estimate exceeds the machine, naming the setting."""
+    if est.sim_time_s is not None and est.sim_time_s > MAX_SIM_TIME_S:
+        raise ConfigError(
+            f"the workload spans about {est.sim_time_s:.3g} simulated seconds "
+            f"({est.requests or 0:.3g} requests); at most {MAX_SIM_TIME_S:.0e} s: raise the "
+            "arrival rate or lower num_requests / duration_s", file=file, key="workload")
     for what, (events, knob) in est.timers.items():
         if events > MAX_TIMER_EVENTS:
             raise ConfigError(

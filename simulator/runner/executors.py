@@ -199,11 +199,15 @@ def default_workers() -> int:
                else (os.cpu_count() or 1))
 
 
+MAX_WORKERS = 1024
+"""Most worker processes one sweep may start (each holds a Python interpreter)."""
+
+
 def make_executor(kind: str = "local", workers: int | None = None,
                   scheduler: str | None = None) -> Executor:
     """The executor named ``kind``; ``local`` with one worker runs inline."""
-    if workers is not None and workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}", key="--workers")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"workers must be 1..{MAX_WORKERS}, got {workers}", key="--workers")
     n = workers or default_workers()
     if kind == "dask":
         return DaskExecutor(n, scheduler)
