@@ -22,8 +22,10 @@ import yaml
 from simulator.cli import main
 from simulator.errors import (
     EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SIM_FAILURE,
+    EXIT_TERMINATED,
     ConfigError,
     SimulationError,
 )
@@ -66,11 +68,15 @@ def exit_code(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int,
 def test_documented_codes_match_the_code() -> None:
     text = (REPO / "docs/RELIABILITY.md").read_text()
     table = dict(re.findall(r"^\| `(\d+)` \| ([^|]+) \|", text, flags=re.MULTILINE))
-    assert table.keys() == {str(EXIT_OK), str(EXIT_SIM_FAILURE), str(EXIT_BAD_INPUT), "130"}
+    assert table.keys() == {str(EXIT_OK), str(EXIT_SIM_FAILURE), str(EXIT_BAD_INPUT),
+                            str(EXIT_INTERRUPTED), str(EXIT_TERMINATED)}
     assert "success" in table[str(EXIT_OK)]
     assert "bad input" in table[str(EXIT_BAD_INPUT)]
     assert "simulation failed" in table[str(EXIT_SIM_FAILURE)]
-    assert len({EXIT_OK, EXIT_SIM_FAILURE, EXIT_BAD_INPUT, 130}) == 4
+    assert EXIT_INTERRUPTED == 130
+    assert EXIT_TERMINATED == 143
+    assert len({EXIT_OK, EXIT_SIM_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED,
+                EXIT_TERMINATED}) == 5
 
 
 def test_success_is_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
