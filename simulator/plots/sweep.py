@@ -19,6 +19,9 @@ from simulator.plots.common import (
     axis_columns,
     config_labels,
     label,
+    legend_below,
+    legend_title,
+    plain_log_axis,
     new_figure,
     pooled,
     require,
@@ -47,9 +50,19 @@ def _group(frame: pd.DataFrame, x: str, group: Sequence[str] | None) -> list[str
     return [a for a in axes if a != RATE]
 
 
-def _line(ax, xs: np.ndarray, mean: np.ndarray, half: np.ndarray, **style) -> None:
-    """Mean line with 95 % CI error bars (none where there is a single seed)."""
-    err = np.where(np.isfinite(half), half, 0.0)
+def _line(ax, xs: np.ndarray, mean: np.ndarray, half: np.ndarray, *, low: float = 0.0,
+          high: float = math.inf, log: bool = False, **style) -> None:
+    """Mean line with 95 % CI error bars (none where there is a single seed).
+
+    Intervals are clipped to what the quantity can be: ``[low, high]`` (0-100 % for SLO
+    attainment, >= 0 otherwise); on a log axis an interval that would reach 0 stops one
+    decade below the mean.
+    """
+    half = np.where(np.isfinite(half), half, 0.0)
+    floor = np.maximum(low, mean / 10) if log else np.full_like(mean, low)
+    lower = np.clip(mean - np.maximum(mean - half, floor), 0.0, None)
+    upper = np.clip(np.minimum(mean + half, high) - mean, 0.0, None)
+    err = np.vstack([lower, upper])
     ax.errorbar(xs, mean, yerr=err if err.any() else None, marker="o", markersize=3.5,
                 capsize=2.5, elinewidth=0.8, **style)
 
@@ -87,7 +100,7 @@ def latency_vs_throughput(frame: pd.DataFrame, *, x: str = RATE,
             for j, p in enumerate(reversed(list(percentiles))):
                 col = f"{m}_{p}_s"
                 _line(ax, part["_x"].to_numpy(float), part[f"{col}_mean"].to_numpy(float) * 1e3,
-                      part[f"{col}_ci95"].to_numpy(float) * 1e3, color=color,
+                      part[f"{col}_ci95"].to_numpy(float) * 1e3, log=True, color=color,
                       linestyle="-" if j == 0 else "--",
                       label=f"{name} ({p})" if len(percentiles) > 1 else name)
     for ax, m, title in ((ax_ttft, "ttft", "Time to first token"),
@@ -99,8 +112,9 @@ def latency_vs_throughput(frame: pd.DataFrame, *, x: str = RATE,
         ax.set_xlabel(label(x))
         ax.set_ylabel(f"{m.upper()} (ms)")
         ax.set_yscale("log")
+        plain_log_axis(ax)
         ax.grid(True, which="both", alpha=0.3)
-    ax_tpot.legend(fontsize="small", loc="best")
+    legend_below(fig, ax_tpot, legend_title(frame, groups))
     slo_lines = [h for h in ax_ttft.get_lines() if str(h.get_label()).startswith("SLO")]
     if slo_lines:
         ax_ttft.legend(handles=slo_lines, fontsize="small", loc="upper left")
@@ -125,7 +139,9 @@ def goodput_vs_rate(frame: pd.DataFrame, *, x: str = RATE, group: Sequence[str] 
         xs = part["_x"].to_numpy(float)
         for ax, m in ((ax_att, "slo_attainment"), (ax_good, "goodput")):
             _line(ax, xs, part[f"{m}_mean"].to_numpy(float) * scale(m),
-                  part[f"{m}_ci95"].to_numpy(float) * scale(m), color=f"C{i % 10}", label=name)
+                  part[f"{m}_ci95"].to_numpy(float) * scale(m),
+                  high=100.0 if m == "slo_attainment" else math.inf, color=f"C{i % 10}",
+                  label=name)
     ax_att.axhline(target * 100, color="0.4", linestyle=":", label=f"target {target:.0%}")
     ax_att.set_ylim(-2, 102)
     if x == RATE:
@@ -137,7 +153,7 @@ def goodput_vs_rate(frame: pd.DataFrame, *, x: str = RATE, group: Sequence[str] 
         ax.set_xlabel(label(x))
         ax.set_ylabel(label(m))
         ax.grid(True, alpha=0.3)
-    ax_good.legend(fontsize="small", loc="best")
+    legend_below(fig, ax_good, legend_title(frame, groups))
     fig.suptitle("SLO attainment and goodput" + _seeds_note(frame))
     return fig
 
