@@ -141,7 +141,8 @@ def test_cdf_says_what_it_shows_and_draws_every_run_given(tmp_path: Path,
     fig = latency_cdf({f"run {i}": frame for i in range(12)}, note="12 configurations")
     assert len(fig.axes[0].get_lines()) == 12
     assert "12 configurations" in fig.get_suptitle()
-    assert fig.legends and fig.axes[0].get_legend() is None
+    assert fig.legends
+    assert fig.axes[0].get_legend() is None
     # A sweep with more configurations than the CDF draws: the figure and stderr say so.
     from simulator.runner.sweep import run_sweep
 

@@ -56,8 +56,8 @@ def pools_label(pools: list[dict[str, Any]], with_device: bool = False) -> str:
         decode = [p for p in pools if p.get("role") == "decode"]
         n_p = sum(int(p.get("instances", 1)) for p in prefill)
         n_d = sum(int(p.get("instances", 1)) for p in decode)
-        shapes = list(dict.fromkeys(_tp(p) for p in [*prefill, *decode]))
-        tp = shapes[0] if len(shapes) == 1 else "/".join(
+        kinds = list(dict.fromkeys(_tp(p) for p in [*prefill, *decode]))
+        tp = kinds[0] if len(kinds) == 1 else "/".join(
             "+".join(dict.fromkeys(_tp(p) for p in side)) for side in (prefill, decode))
         text = f"{n_p}P{n_d}D {tp}"
     return f"{text} {devices}" if with_device else text
@@ -103,7 +103,7 @@ def axis_cells(path: str, values: list[Any]) -> list[Any]:
                  for g, v in zip(given, plain, strict=True)]
         if _unique(cells, keys):
             return cells
-    for label, key in zip(given, keys, strict=True):
+    for label in given:
         if label is not None and len({k for c, k in zip(cells, keys, strict=True)
                                       if c == label}) > 1:
             raise ConfigError(f"label {label!r} is given to two different values; labels on "
