@@ -20,7 +20,7 @@ from simulator.hardware.engines import ServingEngineProfile, load_engine
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.hardware.registry import load_device, load_link
 from simulator.models.arch import ModelConfig
-from simulator.models.catalog import get_model
+from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, Scenario
 
@@ -219,8 +219,8 @@ def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineP
                 engine = load_engine(pool.engine)
             except ConfigError as exc:
                 raise _keyed(exc, file, f"{key}.engine") from None
-        prec = pool.precision or scenario.precision
-        precisions = Precisions(prec.weights, prec.activations, prec.kv_cache)
+        prec = resolve_precisions(model, pool.precision, scenario.precision)
+        precisions = Precisions(prec["weights"], prec["activations"], prec["kv_cache"])
         ps = pool.parallelism
         try:
             par = Parallelism(ps.tp, 1 if ps.pp == "auto" else ps.pp, ps.ep,

@@ -37,9 +37,16 @@ class ParallelismSpec(Spec):
 
 
 class PrecisionSpec(Spec):
-    weights: Precision = Field("bf16", description="Weight storage precision.")
-    activations: Precision = Field("bf16", description="Activation precision (GEMM inputs).")
-    kv_cache: Precision = Field("bf16", description="KV-cache precision.")
+    """Unset fields follow the model's released precision (`disagg-sim profiles list`):
+    DeepSeek-V3 runs fp8 weights and GEMM activations, most others bf16."""
+
+    weights: Precision | None = Field(None, description=(
+        "Weight storage precision (default: the model's released precision)."))
+    activations: Precision | None = Field(None, description=(
+        "Activation precision of GEMM inputs (default: fp8 with fp8 released weights, "
+        "else the 16-bit type)."))
+    kv_cache: Precision | None = Field(None, description=(
+        "KV-cache precision (default: the model's 16-bit type)."))
 
 
 class PlacementSpec(Spec):
