@@ -124,3 +124,62 @@ def test_missing_file(capsys) -> None:
         main(["run", "does/not/exist.yaml"])
     assert exc.value.code == 2
     assert "file not found" in capsys.readouterr().err
+
+
+def test_compare_shows_cost_and_fits_80_columns(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    a = write(tmp_path, {**SMALL, "name": "one-H100-colocated-serving"}, "a.yaml")
+    b = write(tmp_path, {**SMALL, "name": "b"}, "b.yaml")
+    csv = tmp_path / "c.csv"
+    monkeypatch.setenv("COLUMNS", "80")
+    res = runner.invoke(app, ["compare", str(a), str(b), "--csv", str(csv)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in res.output  # no number cut short
+    assert "$/hour" in res.output
+    assert "$/1M out tok" in res.output
+    row = next(line for line in lines if "$/hour" in line)
+    assert any(ch.isdigit() for ch in row)  # one H100 at its dated price
+    import pandas as pd
+
+    table = pd.read_csv(csv)
+    assert {"cost_usd_per_hour", "cost_usd_per_1m_output_tokens"} <= set(table.columns)
+    assert table["cost_usd_per_hour"].notna().all()
+
+
+def test_version_and_shell_completion() -> None:
+    import simulator
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0
+    assert res.output.strip() == f"disagg-sim {simulator.__version__}"
+    res = runner.invoke(app, ["--help"])
+    assert "--install-completion" in res.output
+
+
+def test_profiles_list_shows_native_precisions_and_plain_numbers() -> None:
+    res = runner.invoke(app, ["profiles", "list"])
+    assert res.exit_code == 0, res.output
+    lpu = next(line for line in res.output.splitlines() if "GroqLPU-v1" in line)
+    assert "fp16 188, int8 750" in lpu  # the precisions the chip has, not "0 bf16"
+    assert "80,000" in lpu  # SRAM bandwidth, thousands separated
+    h100 = next(line for line in res.output.splitlines() if "H100-SXM " in line)
+    assert "bf16 989" in h100
+    assert "fp8 1,979" in h100
+    assert "e+0" not in res.output
+    deepseek = next(line for line in res.output.splitlines() if "DeepSeek-V3" in line)
+    assert "fp8" in deepseek
+    assert "deepseek-ai/DeepSeek-V3" in deepseek
+
+
+def test_api_names_match_the_cli_plot_kinds() -> None:
+    import simulator
+    from simulator.cli.plot_cmd import Kind
+
+    for kind in Kind:
+        assert callable(getattr(simulator.plots, kind.value.replace("-", "_")))
+    for name in ("GoodputSpec", "PlanSpec", "SweepSpec", "PlanResult", "GoodputResult",
+                 "write_report"):
+        assert name in simulator.__all__
+        assert getattr(simulator, name) is not None

@@ -52,6 +52,11 @@ def print_summary(summary: dict[str, Any], title: str, console: Console | None =
 
 
 def make_console() -> Console:
-    """A console that does not squeeze wide tables when output is piped or captured."""
+    """A console that does not squeeze wide tables when output is piped or captured
+    (unless ``COLUMNS`` says how wide the reader's screen is)."""
+    import os
+
     console = Console()
-    return console if console.is_terminal else Console(width=200)
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(width=200)

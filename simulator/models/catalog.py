@@ -102,6 +102,11 @@ HF_IDS: dict[str, str] = {i.lower(): e["name"] for e in _ENTRIES for i in e.get(
 the catalog entry's released precision."""
 
 
+def hf_ids() -> list[str]:
+    """Every Hugging Face id the catalog resolves, spelled as on the Hub."""
+    return [i for e in _ENTRIES for i in e.get("hf_ids", ())]
+
+
 def released_precisions(model: ModelConfig) -> dict[str, str]:
     """What a scenario runs when it gives no ``precision``: weights (and, for fp8
     releases, GEMM activations, as DeepSeek-V3's block-wise fp8 inference does) in the

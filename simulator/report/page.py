@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
+
+from simulator.report.numbers import fmt
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
@@ -20,22 +21,6 @@ th:first-child, td:first-child { text-align: left; }
 .note { color: #555; font-size: 0.9em; } .miss { color: #b00020; font-weight: bold; }
 .ok { color: #1b5e20; } pre { background: #f6f6f6; padding: 1em; overflow: auto; }
 """
-
-
-def fmt(value: Any, digits: int = 4) -> str:
-    """Numbers as people write them: ``3,450``, ``0.01234``, ``28,310`` (never ``2.8e+04``
-    below a billion); NaN and None as ``-``."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
-        return f"{int(value):,}"
-    if abs(value) >= 1e9 or 0 < abs(value) < 1e-4:
-        return f"{value:.{digits - 1}e}"
-    if abs(value) >= 10 ** (digits - 1):
-        return f"{value:,.0f}"
-    return f"{value:,.{digits}g}" if abs(value) >= 1 else f"{value:.{digits}g}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
