@@ -155,3 +155,16 @@ def test_cdf_says_what_it_shows_and_draws_every_run_given(tmp_path: Path,
         main(["plot", str(tmp_path / "out"), "--kind", "cdf", "--format", "png"])
     assert exc.value.code in (0, None)
     assert "the first 10 of 12 configurations" in capsys.readouterr().err
+
+
+def test_pd_heatmap_cells_show_cost() -> None:
+    from simulator.plots import pd_ratio_heatmap
+
+    rows = [{"cluster.pools.prefill.instances": p, "cluster.pools.decode.instances": d,
+             RATE: 4.0, "seed": 0, "status": "ok", "slo_attainment": 0.5,
+             "cost_usd_per_hour": 34.0 * (p + d)} for p in (1, 2) for d in (1, 2)]
+    fig = pd_ratio_heatmap(pd.DataFrame(rows))
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "50\n$68/h" in texts
+    assert "50\n$136/h" in texts
+    assert "$/hour" in fig.get_suptitle()

@@ -23,9 +23,10 @@ class Kind(StrEnum):
     cdf = "cdf"
     timeline = "timeline"
     monitoring = "monitoring"
+    capacity = "capacity"
 
 
-SWEEP_KINDS = {Kind.latency, Kind.goodput, Kind.pareto, Kind.pd_heatmap}
+SWEEP_KINDS = {Kind.latency, Kind.goodput, Kind.pareto, Kind.pd_heatmap, Kind.capacity}
 X_ALIASES = {"rate": "workload.arrival.rate_per_s", "throughput": "request_throughput",
              "tokens": "output_token_throughput"}
 
@@ -151,6 +152,10 @@ def _figure(results: Path, kind: Kind, *, xcol: str, metric: str,
             fig = plots.goodput_vs_rate(table, x=xcol, target=target)
         elif kind == Kind.pd_heatmap:
             fig = plots.pd_ratio_heatmap(table, metric=metric)
+        elif kind == Kind.capacity:
+            if "label" not in table:
+                raise ConfigError("the capacity plot is drawn from a plan folder (plan.parquet)")
+            fig = plots.capacity_vs_rate(table)
         elif "label" in table:  # a planner table: one row per configuration
             rate = (float(table["target_rate_per_s"].iloc[0])
                     if "target_rate_per_s" in table else None)

@@ -8,6 +8,7 @@ wraps it, and each kind has the same name here: ``plots.latency``, ``plots.goodp
 
 from simulator.plots.common import save
 from simulator.plots.monitoring import monitoring_plot
+from simulator.plots.plan import capacity_vs_rate
 from simulator.plots.runs import latency_cdf, run_timeline
 from simulator.plots.sweep import (
     cost_vs_goodput,
@@ -27,6 +28,7 @@ timeline = run_timeline
 monitoring = monitoring_plot
 
 __all__ = [
+    "capacity_vs_rate",
     "cdf",
     "cost_vs_goodput",
     "goodput",

@@ -158,9 +158,16 @@ def goodput_vs_rate(frame: pd.DataFrame, *, x: str = RATE, group: Sequence[str] 
     return fig
 
 
-def pareto_front(cost: np.ndarray, goodput: np.ndarray) -> np.ndarray:
-    """Indices of points no other point beats on both (lower cost, higher goodput)."""
-    order = np.lexsort((-goodput, cost))
+def pareto_front(cost: np.ndarray, goodput: np.ndarray,
+                 decimals: int | None = None) -> np.ndarray:
+    """Indices of points no other point beats on both (lower cost, higher goodput).
+
+    Among equal costs the higher goodput wins, then the earlier row. With ``decimals=2``
+    costs are compared to the cent, as the planner ranks them, so on a planner table
+    (sorted by its rank rule) the front starts at the top pick.
+    """
+    rounded = cost if decimals is None else np.round(cost, decimals)
+    order = np.lexsort((np.arange(len(cost)), -goodput, rounded))
     best = -math.inf
     keep = []
     for i in order:
@@ -217,7 +224,7 @@ def cost_vs_goodput(frame: pd.DataFrame, *, cost: str = "cost_usd_per_hour",
               if ycol == "swept_goodput" else label(ycol))
     fig, (ax,) = new_figure(1, 1, width=7.5, height=5)
     ax.scatter(xs, ys, s=22, color="0.55", label="configuration", zorder=2)
-    front = pareto_front(xs, ys)
+    front = pareto_front(xs, ys, decimals=2 if labels is not None else None)
     if len(front):
         ax.plot(xs[front], ys[front], color="C3", marker="o", zorder=3,
                 drawstyle="steps-post", label="Pareto front (cheapest for its goodput)")
@@ -258,7 +265,8 @@ def pd_ratio_heatmap(frame: pd.DataFrame, *, metric: str = "slo_attainment",
     if facet is None and RATE in axes and RATE not in (prefill, decode):
         facet = RATE
     by = [prefill, decode, *([facet] if facet else [])]
-    table = pooled(frame, by, [metric])
+    cost = "cost_usd_per_hour"
+    table = pooled(frame, by, [metric, *([cost] if cost in frame and metric != cost else [])])
     facets = sorted(table[facet].unique()) if facet else [None]
     fig, panels = new_figure(len(facets), 1, width=4.2, height=4.0)
     ps, ds = sorted(table[prefill].unique()), sorted(table[decode].unique())
@@ -269,14 +277,18 @@ def pd_ratio_heatmap(frame: pd.DataFrame, *, metric: str = "slo_attainment",
     for ax, value in zip(panels, facets, strict=True):
         part = table if value is None else table[table[facet] == value]
         grid = np.full((len(ps), len(ds)), np.nan)
+        dollars = np.full((len(ps), len(ds)), np.nan)
         for _, row in part.iterrows():
             cell = (ps.index(row[prefill]), ds.index(row[decode]))
             grid[cell] = row[f"{metric}_mean"] * scale(metric)
+            dollars[cell] = row.get(f"{cost}_mean", np.nan)
         image = ax.imshow(grid, origin="lower", cmap="viridis", vmin=vmin, vmax=vmax,
                           aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
-                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
+                text = f"{v:.3g}" + (f"\n${dollars[i, j]:,.0f}/h" if np.isfinite(dollars[i, j])
+                                     else "")
+                ax.text(j, i, text, ha="center", va="center", fontsize=8,
                         color="white" if v < vmin + 0.6 * (vmax - vmin) else "black")
         ax.set_xticks(range(len(ds)), [str(d) for d in ds])
         ax.set_yticks(range(len(ps)), [str(p) for p in ps])
@@ -288,5 +300,7 @@ def pd_ratio_heatmap(frame: pd.DataFrame, *, metric: str = "slo_attainment",
             ax.set_title(f"{short_names([facet])[facet]} = {value}")
     if image is not None:
         fig.colorbar(image, ax=panels, label=label(metric), shrink=0.9)
-    fig.suptitle(f"Prefill:decode ratio: {label(metric)}" + _seeds_note(frame, bars=False))
+    note = " (cells: value and cluster $/hour)" if np.isfinite(
+        table.get(f"{cost}_mean", pd.Series([np.nan])).to_numpy(float)).any() else ""
+    fig.suptitle(f"Prefill:decode ratio: {label(metric)}{note}" + _seeds_note(frame, bars=False))
     return fig

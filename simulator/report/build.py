@@ -153,8 +153,10 @@ def plan_report(source: Source) -> Page:
     page = Page(f"Plan report: {name}")
     if len(ranked):
         rate = float(ranked["target_rate_per_s"].iloc[0])
+        from simulator.runner.planner import RANK_RULE
+
         page.text(f"target {rate:g} req/s; {len(ranked)} configurations meet the SLO, ranked "
-                  "by $/hour, ties by higher goodput, then higher SLO attainment, then name")
+                  f"{RANK_RULE}")
         scenario_section(page, source.scenario, "the top pick")
         page.heading("Ranked configurations")
         cols = [c for c in ("rank", "label", "devices", "cost_usd_per_hour", "slo_attainment",
@@ -168,7 +170,7 @@ def plan_report(source: Source) -> Page:
         page.figure(sweep_figures.pareto(
             ranked["cost_usd_per_hour"].to_numpy(float), ranked[gcol].to_numpy(float),
             [f"#{r['rank']} {r['label']}" for _, r in ranked.iterrows()],
-            "goodput: max rate meeting the SLO target (req/s)", rate))
+            "goodput: max rate meeting the SLO target (req/s)", rate, decimals=2))
         page.heading("Devices and $/hour against the request rate")
         page.figure(sweep_figures.capacity_vs_rate(ranked),
                     "needs the goodput search (plan key goodput_search: true)")

@@ -86,9 +86,9 @@ def curves(frame: pd.DataFrame, metrics: list[tuple[str, str]], title: str,
 
 
 def pareto(xs: np.ndarray, ys: np.ndarray, names: list[str], ylabel: str,
-           target_rate: float | None = None) -> go.Figure:
+           target_rate: float | None = None, decimals: int | None = None) -> go.Figure:
     """Cost against goodput; the Pareto front joined and numbered (1 = cheapest)."""
-    front = pareto_front(xs, ys)
+    front = pareto_front(xs, ys, decimals)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="configuration",
                              text=names, marker={"color": "grey", "size": 8},
@@ -163,30 +163,21 @@ def pd_heatmap(frame: pd.DataFrame) -> go.Figure | None:
 
 
 def capacity_vs_rate(ranked: pd.DataFrame) -> go.Figure | None:
-    """Devices and $/hour of the cheapest ranked configuration whose goodput covers each
-    rate, from the target rate up to the highest goodput found (a step function)."""
-    gcol = "goodput_rate_per_s"
-    if gcol not in ranked or not np.isfinite(ranked[gcol].to_numpy(float)).any():
+    """Devices and $/hour needed against the request rate
+    (:func:`simulator.runner.planner.capacity_curve`)."""
+    from simulator.runner.planner import capacity_curve
+
+    curve = capacity_curve(ranked)
+    if curve.empty:
         return None
-    table = ranked[np.isfinite(ranked[gcol].to_numpy(float))]
-    target = float(table["target_rate_per_s"].iloc[0]) if "target_rate_per_s" in table else 0.0
-    rates = np.unique(np.concatenate([[target], table[gcol].to_numpy(float)]))
-    rows = []
-    for rate in rates[rates >= target]:
-        ok = table[table[gcol] >= rate - 1e-9]
-        if ok.empty:
-            continue
-        best = ok.sort_values(["cost_usd_per_hour", "devices"], kind="stable").iloc[0]
-        rows.append((rate, int(best["devices"]), float(best["cost_usd_per_hour"]),
-                     str(best["label"])))
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    xs = [r[0] for r in rows]
-    fig.add_trace(go.Scatter(x=xs, y=[r[1] for r in rows], mode="lines+markers",
-                             line_shape="vh", name="devices", text=[r[3] for r in rows],
+    fig.add_trace(go.Scatter(x=curve["rate_per_s"], y=curve["devices"], mode="lines+markers",
+                             line_shape="vh", name="devices", text=curve["label"],
                              hovertemplate="up to %{x:.4g} req/s: %{y} devices<br>%{text}"
                                            "<extra></extra>"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=xs, y=[r[2] for r in rows], mode="lines+markers",
-                             line_shape="vh", name="$/hour", line={"dash": "dash"},
+    fig.add_trace(go.Scatter(x=curve["rate_per_s"], y=curve["cost_usd_per_hour"],
+                             mode="lines+markers", line_shape="vh", name="$/hour",
+                             line={"dash": "dash"},
                              hovertemplate="up to %{x:.4g} req/s: $%{y:,.2f}/h<extra></extra>"),
                   secondary_y=True)
     fig.update_yaxes(title_text="devices", rangemode="tozero", secondary_y=False)
