@@ -183,3 +183,37 @@ def test_api_names_match_the_cli_plot_kinds() -> None:
                  "write_report"):
         assert name in simulator.__all__
         assert getattr(simulator, name) is not None
+
+
+def test_device_yaml_path_is_relative_to_the_scenario_file(tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "study"
+    (folder / "devices").mkdir(parents=True)
+    shutil.copy(REPO / "hardware_profiles/devices/H100-SXM.yaml", folder / "devices/my-gpu.yaml")
+    scenario = {**SMALL, "cluster": {"pools": [
+        {"name": "main", "device": "devices/my-gpu.yaml", "device_usd_per_hour": 2.0}]}}
+    path = write(folder, scenario)
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(path), "--out", str(out)])  # run from another cwd
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cost_usd_per_hour"] == pytest.approx(2.0)  # the pool's price override
+    missing = write(folder, {**SMALL, "cluster": {"pools": [
+        {"name": "main", "device": "devices/nope.yaml"}]}}, "missing.yaml")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(missing)])
+    assert exc.value.code == 2
+
+
+def test_missing_device_file_error_names_the_path_tried(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    missing = write(tmp_path, {**SMALL, "cluster": {"pools": [
+        {"name": "main", "device": "devices/nope.yaml"}]}}, "missing.yaml")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(missing)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "cluster.pools[0].device" in err
+    assert f"looked for {tmp_path / 'devices' / 'nope.yaml'}" in err

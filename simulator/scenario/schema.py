@@ -60,7 +60,11 @@ class PoolSpec(Spec):
     role: Literal["colocated", "prefill", "decode"] = Field(
         "colocated", description="What the pool's instances do.")
     device: str = Field(description="Hardware profile name (see `disagg-sim profiles list`) "
-                                    "or a path to a device YAML.")
+                                    "or a path to a device YAML (relative to the scenario "
+                                    "file).")
+    device_usd_per_hour: float | None = Field(None, ge=0, description=(
+        "Price of one of this pool's devices per hour, USD (default: the device profile's "
+        "dated price); cost figures use it."))
     instances: int = Field(1, ge=1, description="Replicas (data parallel) in this pool.")
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec,  # type: ignore[arg-type]
                                          description="TP/PP/EP of each instance.")
