@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,46 @@ def test_missing_device_file_error_names_the_path_tried(tmp_path: Path,
     err = capsys.readouterr().err
     assert "cluster.pools[0].device" in err
     assert f"looked for {tmp_path / 'devices' / 'nope.yaml'}" in err
+
+
+def test_run_json_and_quiet_for_scripts(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL)
+    res = runner.invoke(app, ["run", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["completed"] == 20
+    res = runner.invoke(app, ["run", str(path), "--quiet", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0
+    assert res.output == ""
+    assert (tmp_path / "o" / "summary.json").is_file()
+    res = runner.invoke(app, ["run", str(path)])
+    assert "precision: weights bf16, activations bf16, KV cache bf16 (Llama-3.1-8B's " \
+           "released precision)" in res.output
+
+
+def test_run_progress_is_event_for_event_the_same_run() -> None:
+    import simulator
+    from simulator.cli.progress import progress_line, run_progress
+    from simulator.runner.progress import EVENTS_PER_CALL, RunProgress
+    from tests.conftest import make_scenario
+
+    sc = make_scenario(**{"workload.num_requests": 1000, "workload.arrival.rate_per_s": 20.0,
+                          "simulation.fast_forward": False})
+    seen: list[RunProgress] = []
+    with_progress = simulator.run(sc, progress=seen.append)
+    plain = simulator.run(sc)
+    assert plain.sim_events > EVENTS_PER_CALL
+    assert len(seen) == plain.sim_events // EVENTS_PER_CALL
+    assert seen[-1].total_requests == 1000
+    assert 0 < seen[-1].finished_requests <= 1000
+    assert with_progress.requests.equals(plain.requests)
+    assert with_progress.steps.equals(plain.steps)
+    line = progress_line(RunProgress(30.0, 100, 400, None), wall_s=2.0)
+    assert line == "simulated 30.0 s, 100 / 400 requests, 50 req/s, ETA 6 s"
+    from rich.console import Console
+
+    with run_progress(Console(file=open(os.devnull, "w"))) as callback:
+        assert callback is None  # not a terminal: no display
+    with run_progress(Console(force_terminal=True, file=open(os.devnull, "w"))) as callback:
+        assert callback is not None
+        callback(RunProgress(1.0, 1, 2, None))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from simulator.cli import (  # noqa: F401  (registers commands)
     compare_cmd,
+    init_cmd,
     plan_cmd,
     plot_cmd,
     profiles_cmd,

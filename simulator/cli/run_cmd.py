@@ -9,7 +9,8 @@ import typer
 
 from simulator.cli.app import app
 from simulator.cli.overrides import apply_sets
-from simulator.cli.render import make_console, print_summary
+from simulator.cli.progress import run_progress
+from simulator.cli.render import make_console, precision_lines, print_json, print_summary
 
 
 @app.command()
@@ -25,6 +26,10 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help=(
         "Override a scenario key, e.g. --set workload.arrival.rate_per_s=3 or "
         "--set cluster.pools.decode.instances=2 (repeatable; values are YAML)."))] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors "
+                                                             "(files are still written).")] = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object "
+                                                       "(no table, no progress).")] = False,
 ) -> None:
     """Simulate one scenario and print its summary."""
     from simulator.runner.run import run as run_scenario
@@ -33,9 +38,14 @@ def run(
     sc = apply_sets(load_scenario(scenario), set_, str(scenario))
     if step_by_step:
         sc = sc.with_(**{"simulation.fast_forward": False})
-    result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario), file=str(scenario))
-    console = make_console()
+    console = make_console(quiet=quiet or json_)
+    with run_progress(console, enabled=not (quiet or json_)) as progress:
+        result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario), file=str(scenario),
+                              progress=progress)
+    if json_:
+        print_json(result.summary)
     print_summary(result.summary, f"{sc.name} (seed {result.scenario.seed})", console)
+    console.print(precision_lines(sc))
     console.print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps in "
                   f"{result.wall_s:.2f} s wall")
     if out is not None:

@@ -3,7 +3,7 @@
 Nothing in ``engine/`` or ``cost/`` imports this package. ``disagg-sim plot --kind KIND``
 wraps it, and each kind has the same name here: ``plots.latency``, ``plots.goodput``,
 ``plots.pareto``, ``plots.pd_heatmap``, ``plots.cdf``, ``plots.timeline``,
-``plots.monitoring`` (the descriptive names are kept as well).
+``plots.monitoring``, ``plots.capacity`` (the descriptive names are kept as well).
 """
 
 from simulator.plots.common import save
@@ -26,8 +26,10 @@ pd_heatmap = pd_ratio_heatmap
 cdf = latency_cdf
 timeline = run_timeline
 monitoring = monitoring_plot
+capacity = capacity_vs_rate
 
 __all__ = [
+    "capacity",
     "capacity_vs_rate",
     "cdf",
     "cost_vs_goodput",

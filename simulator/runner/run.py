@@ -19,6 +19,7 @@ from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import add_latency_columns, summarize
 from simulator.runner.build import ClusterPlan, build_plan
+from simulator.runner.progress import ProgressCallback, RunProgress, run_until
 from simulator.runner.result import RunResult
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
@@ -36,8 +37,9 @@ class Simulation:
     """Inert until :meth:`run`; building it reads profiles but writes nothing."""
 
     def __init__(self, scenario: Scenario, base_dir: Path | None = None,
-                 file: str | None = None) -> None:
+                 file: str | None = None, progress: ProgressCallback | None = None) -> None:
         self.scenario = scenario
+        self.progress = progress
         self.plan: ClusterPlan = build_plan(scenario, base_dir, file)
 
     def run(self) -> RunResult:
@@ -79,8 +81,16 @@ class Simulation:
         until: simpy.Event = workload.done
         if sc.simulation.max_time_s is not None:
             until = env.any_of([workload.done, env.timeout(sc.simulation.max_time_s)])
+        tick = None
+        if self.progress is not None:
+            callback, total = self.progress, sc.workload.num_requests
+            end = min((t for t in (sc.workload.duration_s, sc.simulation.max_time_s)
+                       if t is not None), default=None)
+
+            def tick(now: float) -> None:
+                callback(RunProgress(now, len(recorder.requests), total, end))
         try:
-            env.run(until=until)
+            run_until(env, until, tick)
         except RuntimeError as exc:  # nothing left to happen: stuck requests stay in flight
             if "No scheduled events left" not in str(exc):
                 raise
@@ -119,10 +129,12 @@ def _admissible_tokens(cluster: Cluster) -> int:
 
 
 def run(scenario: Scenario | str | Path, *, seed: int | None = None,
-        base_dir: str | Path | None = None, file: str | None = None) -> RunResult:
+        base_dir: str | Path | None = None, file: str | None = None,
+        progress: ProgressCallback | None = None) -> RunResult:
     """Simulate a scenario (object or YAML path) and return its result.
 
-    ``file`` names the YAML the scenario came from, for error messages.
+    ``file`` names the YAML the scenario came from, for error messages; ``progress`` is
+    called with a :class:`~simulator.runner.progress.RunProgress` every few thousand events.
     """
     if not isinstance(scenario, Scenario):
         file = str(scenario)
@@ -134,4 +146,4 @@ def run(scenario: Scenario | str | Path, *, seed: int | None = None,
     base_dir = Path(base_dir) if base_dir is not None else None
     if seed is not None:
         scenario = scenario.with_(seed=seed)  # validated: a negative seed is bad input
-    return Simulation(scenario, base_dir, file).run()
+    return Simulation(scenario, base_dir, file, progress).run()
