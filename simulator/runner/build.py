@@ -22,7 +22,7 @@ from simulator.hardware.registry import load_device, load_link
 from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.placement import Placement, place
-from simulator.scenario.schema import PoolSpec, Scenario
+from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,20 @@ def smallest_pp(model: ModelConfig, r: _Resolved, kv_tokens: int) -> tuple[int, 
                 mem.kv_capacity_tokens >= kv_tokens:
             return pp, mem
     return None
+
+
+def with_resolved_precision(scenario: Scenario, model: ModelConfig) -> Scenario:
+    """The scenario with every precision spelled out as simulated (unset fields take the
+    model's released precision), for ``scenario.resolved.yaml``."""
+    top = resolve_precisions(model, scenario.precision)
+    pools = [p.model_copy(update={"precision": PrecisionSpec(**resolve_precisions(  # type: ignore[arg-type]
+        model, p.precision, scenario.precision))}) if p.precision is not None else p
+        for p in scenario.cluster.pools]
+    cluster = scenario.cluster.model_copy(update={"pools": pools})
+    out = scenario.model_copy(update={"precision": PrecisionSpec(**top),  # type: ignore[arg-type]
+                                      "cluster": cluster})
+    out._source = scenario.source_file
+    return out
 
 
 def pool_device(pool: PoolSpec, base_dir: Path, file: str | None, key: str) -> DeviceProfile:

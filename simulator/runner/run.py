@@ -18,7 +18,7 @@ from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import add_latency_columns, summarize
-from simulator.runner.build import ClusterPlan, build_plan
+from simulator.runner.build import ClusterPlan, build_plan, with_resolved_precision
 from simulator.runner.progress import ProgressCallback, RunProgress, run_until
 from simulator.runner.result import RunResult
 from simulator.scenario.load import load_scenario, scenario_dir
@@ -119,7 +119,8 @@ class Simulation:
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.
         sim_events = next(env._eid)
-        return RunResult(sc, requests, steps, transfers, summary, events, wall, sim_events)
+        return RunResult(with_resolved_precision(sc, plan.model), requests, steps, transfers,
+                         summary, events, wall, sim_events)
 
 
 def _admissible_tokens(cluster: Cluster) -> int:
