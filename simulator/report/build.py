@@ -86,14 +86,27 @@ def run_report(source: Source) -> Page:
     page.heading("Monitoring per pool")
     interval = float((sc.get("simulation") or {}).get("monitor_interval_s", 10.0))
     if len(steps):
-        page.text(f"sampled every {interval:g} s of simulated time", "note")
-        page.figure(run_figures.monitoring(pool_timeseries(steps, requests, interval)))
+        events = source.frames.get("events", pd.DataFrame())
+        page.text(f"sampled every {interval:g} s of simulated time"
+                  + ("; vertical lines: the events listed below" if len(events) else ""), "note")
+        page.figure(run_figures.monitoring(pool_timeseries(steps, requests, interval), events))
+        if len(events):
+            page.raw(table(("time (s)", "event", "detail"),
+                           [(float(e["time_s"]), str(e["kind"]), str(e["detail"]))
+                            for _, e in events.iterrows()]))
     else:
         page.text("the run has no steps", "note")
     page.heading("Phase breakdown per request")
     if len(requests):
         fig, _ = run_figures.phase_breakdown(requests)
         page.figure(fig)
+        phases = [c for c, _ in run_figures.PHASES if c in requests]
+        negative = requests[(requests[phases] < 0).any(axis=1)] if phases else requests.iloc[:0]
+        if len(negative):
+            restarted = int((negative.get("restarts", pd.Series(0)) > 0).sum())
+            page.text(f"{len(negative)} requests ({restarted} of them restarted after a "
+                      "failure) have a negative phase time in the requests table; they are "
+                      "drawn as recorded, not corrected.", "note")
     return page
 
 

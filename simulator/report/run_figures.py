@@ -51,8 +51,14 @@ MONITORED = (("queue_len", "waiting requests", 1.0), ("running", "running reques
              ("memory_util", "memory-bound time (%)", 100.0))
 
 
-def monitoring(pools: pd.DataFrame) -> go.Figure:
-    """Per-pool time series, one row of panels per signal, one colour per pool."""
+EVENT_COLOURS = {"instance_failure": "red", "instance_recovery": "green",
+                 "scale_out": "purple", "scale_in": "grey", "link_degradation": "orange",
+                 "straggler": "brown"}
+
+
+def monitoring(pools: pd.DataFrame, events: pd.DataFrame | None = None) -> go.Figure:
+    """Per-pool time series, one row of panels per signal, one colour per pool; failures,
+    recoveries and scaling actions as vertical lines (hover for the detail)."""
     shown = [m for m in MONITORED if m[0] in pools]
     fig = make_subplots(rows=len(shown), cols=1, shared_xaxes=True, vertical_spacing=0.04,
                         subplot_titles=[m[1] for m in shown])
@@ -64,6 +70,12 @@ def monitoring(pools: pd.DataFrame) -> go.Figure:
                 legendgroup=str(pool), showlegend=row == 1, line={"color": colours[i]},
                 hovertemplate=f"{pool} t=%{{x:.4g}} s: %{{y:.4g}}<extra>{title}</extra>"),
                 row=row, col=1)
+    if events is not None and len(events):
+        marks = events[events["kind"].isin(list(EVENT_COLOURS))]
+        for _, ev in marks.iterrows():
+            for row in range(1, len(shown) + 1):
+                fig.add_vline(x=float(ev["time_s"]), line_color=EVENT_COLOURS[str(ev["kind"])],
+                              line_width=1, opacity=0.6, row=row, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=len(shown), col=1)
     fig.update_layout(template=TEMPLATE, height=170 * len(shown) + 80,
                       title="Monitoring per pool (click a pool in the legend to hide it)")
