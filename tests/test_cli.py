@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,139 @@ def test_missing_file(capsys) -> None:
         main(["run", "does/not/exist.yaml"])
     assert exc.value.code == 2
     assert "file not found" in capsys.readouterr().err
+
+
+def test_compare_shows_cost_and_fits_80_columns(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    a = write(tmp_path, {**SMALL, "name": "one-H100-colocated-serving"}, "a.yaml")
+    b = write(tmp_path, {**SMALL, "name": "b"}, "b.yaml")
+    csv = tmp_path / "c.csv"
+    monkeypatch.setenv("COLUMNS", "80")
+    res = runner.invoke(app, ["compare", str(a), str(b), "--csv", str(csv)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in res.output  # no number cut short
+    assert "$/hour" in res.output
+    assert "$/1M out tok" in res.output
+    row = next(line for line in lines if "$/hour" in line)
+    assert any(ch.isdigit() for ch in row)  # one H100 at its dated price
+    import pandas as pd
+
+    table = pd.read_csv(csv)
+    assert {"cost_usd_per_hour", "cost_usd_per_1m_output_tokens"} <= set(table.columns)
+    assert table["cost_usd_per_hour"].notna().all()
+
+
+def test_version_and_shell_completion() -> None:
+    import simulator
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0
+    assert res.output.strip() == f"disagg-sim {simulator.__version__}"
+    res = runner.invoke(app, ["--help"])
+    assert "--install-completion" in res.output
+
+
+def test_profiles_list_shows_native_precisions_and_plain_numbers() -> None:
+    res = runner.invoke(app, ["profiles", "list"])
+    assert res.exit_code == 0, res.output
+    lpu = next(line for line in res.output.splitlines() if "GroqLPU-v1" in line)
+    assert "fp16 188, int8 750" in lpu  # the precisions the chip has, not "0 bf16"
+    assert "80,000" in lpu  # SRAM bandwidth, thousands separated
+    h100 = next(line for line in res.output.splitlines() if "H100-SXM " in line)
+    assert "bf16 989" in h100
+    assert "fp8 1,979" in h100
+    assert "e+0" not in res.output
+    deepseek = next(line for line in res.output.splitlines() if "DeepSeek-V3" in line)
+    assert "fp8" in deepseek
+    assert "deepseek-ai/DeepSeek-V3" in deepseek
+
+
+def test_api_names_match_the_cli_plot_kinds() -> None:
+    import simulator
+    from simulator.cli.plot_cmd import Kind
+
+    for kind in Kind:
+        assert callable(getattr(simulator.plots, kind.value.replace("-", "_")))
+    for name in ("GoodputSpec", "PlanSpec", "SweepSpec", "PlanResult", "GoodputResult",
+                 "write_report"):
+        assert name in simulator.__all__
+        assert getattr(simulator, name) is not None
+
+
+def test_device_yaml_path_is_relative_to_the_scenario_file(tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "study"
+    (folder / "devices").mkdir(parents=True)
+    shutil.copy(REPO / "hardware_profiles/devices/H100-SXM.yaml", folder / "devices/my-gpu.yaml")
+    scenario = {**SMALL, "cluster": {"pools": [
+        {"name": "main", "device": "devices/my-gpu.yaml", "device_usd_per_hour": 2.0}]}}
+    path = write(folder, scenario)
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["run", str(path), "--out", str(out)])  # run from another cwd
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cost_usd_per_hour"] == pytest.approx(2.0)  # the pool's price override
+    missing = write(folder, {**SMALL, "cluster": {"pools": [
+        {"name": "main", "device": "devices/nope.yaml"}]}}, "missing.yaml")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(missing)])
+    assert exc.value.code == 2
+
+
+def test_missing_device_file_error_names_the_path_tried(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    missing = write(tmp_path, {**SMALL, "cluster": {"pools": [
+        {"name": "main", "device": "devices/nope.yaml"}]}}, "missing.yaml")
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(missing)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "cluster.pools[0].device" in err
+    assert f"looked for {tmp_path / 'devices' / 'nope.yaml'}" in err
+
+
+def test_run_json_and_quiet_for_scripts(tmp_path: Path) -> None:
+    path = write(tmp_path, SMALL)
+    res = runner.invoke(app, ["run", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["completed"] == 20
+    res = runner.invoke(app, ["run", str(path), "--quiet", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0
+    assert res.output == ""
+    assert (tmp_path / "o" / "summary.json").is_file()
+    res = runner.invoke(app, ["run", str(path)])
+    assert "precision: weights bf16, activations bf16, KV cache bf16 (Llama-3.1-8B's " \
+           "released precision)" in res.output
+
+
+def test_run_progress_is_event_for_event_the_same_run() -> None:
+    import simulator
+    from simulator.cli.progress import progress_line, run_progress
+    from simulator.runner.progress import EVENTS_PER_CALL, RunProgress
+    from tests.conftest import make_scenario
+
+    sc = make_scenario(**{"workload.num_requests": 1000, "workload.arrival.rate_per_s": 20.0,
+                          "simulation.fast_forward": False})
+    seen: list[RunProgress] = []
+    with_progress = simulator.run(sc, progress=seen.append)
+    plain = simulator.run(sc)
+    assert plain.sim_events > EVENTS_PER_CALL
+    assert len(seen) == plain.sim_events // EVENTS_PER_CALL
+    assert seen[-1].total_requests == 1000
+    assert 0 < seen[-1].finished_requests <= 1000
+    assert with_progress.requests.equals(plain.requests)
+    assert with_progress.steps.equals(plain.steps)
+    line = progress_line(RunProgress(30.0, 100, 400, None), wall_s=2.0)
+    assert line == "simulated 30.0 s, 100 / 400 requests, 50 req/s, ETA 6 s"
+    from rich.console import Console
+
+    with run_progress(Console(file=open(os.devnull, "w"))) as callback:
+        assert callback is None  # not a terminal: no display
+    with run_progress(Console(force_terminal=True, file=open(os.devnull, "w"))) as callback:
+        assert callback is not None
+        callback(RunProgress(1.0, 1, 2, None))

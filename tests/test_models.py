@@ -83,3 +83,46 @@ def test_bad_model_names_and_files(tmp_path) -> None:
     bad.write_text(json.dumps({"hidden_size": 10}))
     with pytest.raises(ConfigError, match="missing required key"):
         from_hf_config(bad)
+
+
+# ----- released precision and Hugging Face ids -------------------------------------------
+def test_hugging_face_ids_resolve_to_the_catalog() -> None:
+    from simulator.models.catalog import get_model
+
+    assert get_model("meta-llama/Llama-3.1-70B-Instruct") is CATALOG["Llama-3.1-70B"]
+    assert get_model("deepseek-ai/DeepSeek-V3") is CATALOG["DeepSeek-V3"]
+    with pytest.raises(ConfigError, match="a Hugging Face id the catalog does not know"):
+        get_model("someone/Unknown-7B")
+
+
+def test_catalog_entries_carry_their_released_precision() -> None:
+    assert CATALOG["DeepSeek-V3"].released_precision == "fp8"
+    assert CATALOG["Llama-3.1-70B"].released_precision == "bf16"
+    assert CATALOG["OPT-13B"].released_precision == "fp16"
+
+
+def test_scenario_precision_defaults_to_the_release_and_overrides_are_shown() -> None:
+    from simulator.models.catalog import precision_note
+    from simulator.runner.build import build_plan
+    from tests.conftest import make_scenario
+
+    pools = [{"name": "main", "role": "colocated", "device": "H200-SXM",
+              "parallelism": {"tp": 8}}]
+    sc = make_scenario(**{"model": "deepseek-ai/DeepSeek-V3", "cluster.pools": pools})
+    plan = build_plan(sc)
+    weights = plan.pools[0].memory.weight_bytes
+    assert weights / 8 < 90e9  # fp8: ~671 GB over 8 H200; bf16 would be ~168 GB per GPU
+    assert "released precision" in precision_note(sc.model, sc.precision)
+    bf16 = sc.with_(**{"precision.weights": "bf16"})
+    assert precision_note(bf16.model, bf16.precision).startswith(
+        "weights bf16, activations bf16")
+    assert "overrides DeepSeek-V3's released fp8" in precision_note(bf16.model, bf16.precision)
+
+
+def test_hf_config_records_an_fp8_release(tmp_path) -> None:
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000,
+           "quantization_config": {"quant_method": "fp8"}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert from_hf_config(path).released_precision == "fp8"

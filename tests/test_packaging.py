@@ -38,3 +38,29 @@ def test_wheel_carries_data_and_finds_it(tmp_path: Path) -> None:
     assert lines[0].startswith(str(target))
     assert lines[1].startswith(str(target))
     assert float(lines[2]) == 141.0
+    # `disagg-sim init` copies the examples out of the installed wheel, and they run there
+    code = "from simulator.cli import main; main(['init', 'examples'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env={"PYTHONPATH": str(target)}, check=False)
+    assert done.returncode == 0, done.stderr
+    for name in ("quickstart.yaml", "sweeps/tp_size_llama70b.yaml", "plans/llama8b_chat.yaml",
+                 "traces/azure_llm_2023_conv.csv"):
+        assert (tmp_path / "examples" / name).is_file(), name
+    code = ("import simulator; r = simulator.run('examples/phase_split/1p1d_conv.yaml', "
+            "**{}); print(r.summary['completed'] > 0)")
+    out = subprocess.run([sys.executable, "-c", code.replace(", **{}", "")], check=True,
+                         capture_output=True, text=True, cwd=tmp_path,
+                         env={"PYTHONPATH": str(target)}).stdout
+    assert out.strip() == "True"
+
+
+def test_init_refuses_a_folder_with_files(tmp_path: Path) -> None:
+    import pytest
+
+    from simulator.cli import main
+
+    (tmp_path / "mine.yaml").write_text("x: 1\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["init", str(tmp_path)])
+    assert exc.value.code == 2
+    assert (tmp_path / "mine.yaml").read_text() == "x: 1\n"

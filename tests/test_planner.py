@@ -171,10 +171,65 @@ def test_cli_plan_writes_table_best_scenario_and_pareto(tmp_path: Path) -> None:
     assert "cheapest first" in res.output
     table = pd.read_parquet(out / "plan.parquet")
     assert (table["goodput_rate_per_s"] >= 20.0).all()  # each meets the target rate
-    for name in ("best.yaml", "pareto.png", "pareto.svg", "rejected.csv", "simulated.parquet"):
+    for name in ("best.yaml", "pareto.png", "pareto.svg", "rejected.csv", "simulated.parquet",
+                 "capacity.png", "capacity.svg"):
         assert (out / name).is_file(), name
+    assert "order: cheapest $/hour first; ties by higher goodput" in " ".join(res.output.split())
+    assert "precision: weights bf16" in res.output
     best = simulator.run(out / "best.yaml")
     assert best.summary["slo_attainment"] >= 0.9
-    res = CliRunner().invoke(app, ["plot", str(out), "--kind", "pareto"])
-    assert res.exit_code == 0, res.output
-    assert (out / "plots" / "pareto.png").stat().st_size > 1000
+    for kind in ("pareto", "capacity"):
+        res = CliRunner().invoke(app, ["plot", str(out), "--kind", kind])
+        assert res.exit_code == 0, res.output
+        assert (out / "plots" / f"{kind}.png").stat().st_size > 1000
+
+
+# ----- ties and steady state ---------------------------------------------------------------
+def test_ties_are_ranked_by_the_stated_rule_and_the_pareto_plot_agrees() -> None:
+    import numpy as np
+
+    from simulator.plots import cost_vs_goodput, pareto_front
+    from simulator.runner.planner import RANK_RULE, rank_key
+
+    rows = [  # two layouts of the same price; b meets more requests at the target rate,
+        # a keeps the SLO up to a higher rate; c costs more
+        {"label": "b", "devices": 2, "cost_usd_per_hour": 8.5, "slo_attainment": 1.0,
+         "goodput_rate_per_s": 30.0, "cost_usd_per_1m_output_tokens": 0.40},
+        {"label": "a", "devices": 2, "cost_usd_per_hour": 8.5 + 1e-12, "slo_attainment": 0.95,
+         "goodput_rate_per_s": 44.0, "cost_usd_per_1m_output_tokens": 0.41},
+        {"label": "c", "devices": 4, "cost_usd_per_hour": 17.0, "slo_attainment": 1.0,
+         "goodput_rate_per_s": 90.0, "cost_usd_per_1m_output_tokens": 0.30},
+    ]
+    ranked = pd.DataFrame(sorted(rows, key=rank_key))
+    assert list(ranked["label"]) == ["a", "b", "c"]
+    assert "ties by higher goodput" in RANK_RULE
+    front = pareto_front(ranked["cost_usd_per_hour"].to_numpy(float),
+                         ranked["goodput_rate_per_s"].to_numpy(float), decimals=2)
+    assert front[0] == 0  # the top pick is the front's first point
+    fig = cost_vs_goodput(ranked, labels=ranked["label"])
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "1: a" in texts
+    # with equal goodput too, the ranking's order decides both
+    tied = ranked.assign(goodput_rate_per_s=44.0, cost_usd_per_hour=8.5)
+    assert pareto_front(tied["cost_usd_per_hour"].to_numpy(float),
+                        tied["goodput_rate_per_s"].to_numpy(float), decimals=2)[0] == 0
+    assert np.all(np.diff(tied.index) > 0)
+
+
+def test_too_few_requests_for_steady_state_warn() -> None:
+    from simulator.runner.planner import Candidate, steady_state_warnings
+
+    spec = small()  # 200 requests at 20 req/s
+    family = families(spec)[0]
+
+    def warnings(e2e_s: float, spec: PlanSpec = spec) -> list[str]:
+        cand = Candidate(family, (1,), 4.25, {"H100-SXM": 1}, {"e2e_mean_s": e2e_s})
+        return steady_state_warnings(spec, [cand])
+
+    # 20 req/s x 2 s = 40 in flight: 2 x 40 / 200 = 40 % of requests in ramp-up or drain
+    (message,) = warnings(2.0)
+    assert "200 requests at 20 req/s are too few for steady state" in message
+    assert "num_requests >= 400" in message
+    assert warnings(0.5) == []  # 10 in flight: 10 %
+    longer = small(workload={**SMALL["workload"], "num_requests": 400})
+    assert warnings(2.0, longer) == []

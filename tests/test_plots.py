@@ -68,7 +68,7 @@ def test_latency_plot_draws_means_per_configuration() -> None:
     assert ax_ttft.get_ylabel() == "TTFT (ms)"
     assert ax_tpot.get_ylabel() == "TPOT (ms)"
     assert "Time to first token" in ax_ttft.get_title()
-    labels = [t.get_text() for t in ax_tpot.get_legend().get_texts()]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend below the panels
     assert "tp=4 (p90)" in labels
     assert "tp=8 (p50)" in labels
     assert "SLO 50 ms" in labels

@@ -10,11 +10,13 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from simulator.cli import (  # noqa: F401  (registers commands)  # noqa: F401  (sweep, plan, plot)
+from simulator.cli import (  # noqa: F401  (registers commands)
     compare_cmd,
+    init_cmd,
     plan_cmd,
     plot_cmd,
     profiles_cmd,
+    report_cmd,
     run_cmd,
     schema_cmd,
     sweep_cmd,

@@ -23,6 +23,8 @@ COLUMNS: tuple[tuple[str, str, float], ...] = (
     ("tpot_p90_s", "TPOT p90 ms", 1e3),
     ("itl_p99_s", "ITL p99 ms", 1e3),
     ("output_token_throughput", "out tok/s", 1),
+    ("cost_usd_per_hour", "$/hour", 1),
+    ("cost_usd_per_1m_output_tokens", "$/1M out tok", 1),
 )
 
 
@@ -35,6 +37,29 @@ def _fmt(v: Any, scale: float) -> str:
     return str(v)
 
 
+def comparison_table(names: list[str], cells: list[list[str]], width: int) -> Table:
+    """Scenarios as rows when that fits in ``width`` columns, else metrics as rows and
+    scenarios as columns: numbers are never cut to fit a narrow terminal."""
+    wide = Table(title="Comparison")
+    wide.add_column("scenario", overflow="fold")
+    for _, label, _ in COLUMNS:
+        wide.add_column(label, justify="right", no_wrap=True)
+    for name, row in zip(names, cells, strict=True):
+        wide.add_row(name, *row)
+    need = (sum(max(len(label), *(len(r[i]) for r in cells)) + 3
+                for i, (_, label, _) in enumerate(COLUMNS))
+            + min(24, max(len(n) for n in names)) + 4)
+    if need <= width:
+        return wide
+    tall = Table(title="Comparison")
+    tall.add_column("metric", no_wrap=True)
+    for name in names:
+        tall.add_column(name, justify="right", overflow="fold")
+    for i, (_, label, _) in enumerate(COLUMNS):
+        tall.add_row(label, *(r[i] for r in cells))
+    return tall
+
+
 @app.command()
 def compare(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario YAML files.")],
@@ -43,24 +68,24 @@ def compare(
     seed: Annotated[int | None, typer.Option(min=0, help="Override every scenario's seed.")] = None,
     csv: Annotated[Path | None, typer.Option(help="Also write the table as CSV.")] = None,
 ) -> None:
-    """Simulate several scenarios and print goodput and p90 TTFT/TPOT side by side."""
+    """Simulate several scenarios and print goodput, p90 TTFT/TPOT and cost side by side."""
     import pandas as pd
 
     from simulator.runner.run import run as run_scenario
     from simulator.scenario.load import load_scenario, scenario_dir
 
-    table = Table(title="Comparison")
-    table.add_column("scenario")
-    for _, label, _ in COLUMNS:
-        table.add_column(label, justify="right")
+    names: list[str] = []
+    cells: list[list[str]] = []
     rows = []
     for path in scenarios:
         sc = apply_sets(load_scenario(path), set_, str(path))
         res = run_scenario(sc, seed=seed, base_dir=scenario_dir(path), file=str(path))
         s = res.summary
-        table.add_row(sc.name, *(_fmt(s.get(k, float("nan")), scale) for k, _, scale in COLUMNS))
+        names.append(sc.name)
+        cells.append([_fmt(s.get(k, float("nan")), scale) for k, _, scale in COLUMNS])
         rows.append({"scenario": sc.name, "file": str(path),
                      **{k: s.get(k) for k, _, _ in COLUMNS}})
-    make_console().print(table)
+    console = make_console()
+    console.print(comparison_table(names, cells, console.width))
     if csv is not None:
         pd.DataFrame(rows).to_csv(csv, index=False)

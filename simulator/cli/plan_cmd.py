@@ -44,10 +44,17 @@ def plan(
     targets = ", ".join(f"{k} <= {v:g} s" for k, v in spec.slo.model_dump().items() if v)
     console.print(f"plan {spec.name}: {spec.model} at {spec.rate:g} req/s, SLO attainment >= "
                   f"{spec.attainment:.0%} ({targets})")
+    from simulator.models.catalog import precision_note
+
+    note = precision_note(spec.model, spec.precision)
+    if note:
+        console.print(f"precision: {note}")
     result = run_plan(spec, executor=executor, workers=workers, scheduler=scheduler,
                       file=str(plan_file))
+    from simulator.runner.planner import RANK_RULE
+
     table = Table(title=f"{spec.name}: configurations meeting the SLO at {spec.rate:g} req/s, "
-                        "cheapest first", header_style="bold")
+                        "cheapest first", header_style="bold", caption=f"order: {RANK_RULE}")
     for header in ("#", "configuration", "devices", "$/hour", "SLO %", "TTFT p90 ms",
                    "TPOT p90 ms", "goodput req/s", "goodput/device", "$/1M out tok"):
         table.add_column(header, justify="left" if header == "configuration" else "right")
@@ -59,8 +66,10 @@ def plan(
                       _f(r["cost_usd_per_1m_output_tokens"]))
     if result.feasible_count > len(result.ranked):
         table.caption = (f"the {len(result.ranked)} cheapest of {result.feasible_count} feasible "
-                         "configurations found (plan key `top`)")
+                         f"configurations found (plan key `top`); order: {RANK_RULE}")
     console.print(table)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning: {warning}[/yellow]")
     if len(result.rejected):
         rejected = Table(title="Rejected families", header_style="bold")
         rejected.add_column("family")
@@ -74,7 +83,8 @@ def plan(
     if out is not None:
         _write(result, out)
         console.print(f"wrote {out}/plan.parquet, rejected.csv, simulated.parquet"
-                      + (", best.yaml, pareto.png/svg" if result.best is not None else ""))
+                      + (", best.yaml, pareto.png/svg" if result.best is not None else "")
+                      + (", capacity.png/svg" if (out / "capacity.png").is_file() else ""))
     if result.best is None:
         raise typer.Exit(1)
 
@@ -83,7 +93,7 @@ def _write(result: PlanResult, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from simulator.plots import cost_vs_goodput, save
+    from simulator.plots import capacity_vs_rate, cost_vs_goodput, save
 
     out.mkdir(parents=True, exist_ok=True)
     result.ranked.to_parquet(out / "plan.parquet", index=False)
@@ -99,3 +109,5 @@ def _write(result: PlanResult, out: Path) -> None:
     fig = cost_vs_goodput(ranked, labels=ranked["label"], goodput=goodput,
                           target_rate=result.spec.rate)
     save(fig, out / "pareto")
+    if "goodput_rate_per_s" in ranked and ranked["goodput_rate_per_s"].notna().any():
+        save(capacity_vs_rate(ranked), out / "capacity")

@@ -23,9 +23,10 @@ class Kind(StrEnum):
     cdf = "cdf"
     timeline = "timeline"
     monitoring = "monitoring"
+    capacity = "capacity"
 
 
-SWEEP_KINDS = {Kind.latency, Kind.goodput, Kind.pareto, Kind.pd_heatmap}
+SWEEP_KINDS = {Kind.latency, Kind.goodput, Kind.pareto, Kind.pd_heatmap, Kind.capacity}
 X_ALIASES = {"rate": "workload.arrival.rate_per_s", "throughput": "request_throughput",
              "tokens": "output_token_throughput"}
 
@@ -77,14 +78,19 @@ def _table(results: Path) -> tuple[pd.DataFrame, Path]:
                       "or plan output folder, or a .parquet file", file=str(results))
 
 
+MAX_CDF_RUNS = 10
+"""Most curves the CDF plot draws unless runs are chosen with ``--run`` (one colour each)."""
+
+
 def _run_frames(results: Path, run_ids: list[str] | None, kind: Kind
-                ) -> tuple[dict[str, dict[str, pd.DataFrame]], dict[str, float]]:
-    """{label: {"requests": df, "steps": df}} and the SLO, from a run folder or a sweep."""
+                ) -> tuple[dict[str, dict[str, pd.DataFrame]], dict[str, float], str]:
+    """{label: {"requests": df, "steps": df}}, the SLO, and a note saying what is shown
+    when it is not everything, from a run folder or a sweep."""
     if (results / "requests.parquet").is_file():  # `disagg-sim run --out` folder
         resolved = results / "scenario.resolved.yaml"
         slo = (_read_yaml_mapping(resolved).get("slo") or {}) if resolved.is_file() else {}
         frames = {n: _read_parquet(results / f"{n}.parquet") for n in ("requests", "steps")}
-        return {results.name: frames}, {k: v for k, v in slo.items() if v}
+        return {results.name: frames}, {k: v for k, v in slo.items() if v}, ""
     table, folder = _table(results)
     if "run_id" not in table:
         raise ConfigError(f"the {kind.value} plot needs a run folder or a sweep folder",
@@ -97,8 +103,16 @@ def _run_frames(results: Path, run_ids: list[str] | None, kind: Kind
                               key="--run")
     elif kind == Kind.timeline:
         chosen = ok.head(1)
-    else:  # one run per configuration (lowest seed), at most eight
-        chosen = ok.sort_values("seed").drop_duplicates("config_id").sort_values("index").head(8)
+    else:  # one run per configuration (lowest seed)
+        chosen = ok.sort_values("seed").drop_duplicates("config_id").sort_values("index")
+    note = ""
+    configs = ok["config_id"].nunique()
+    if kind != Kind.timeline and not run_ids and len(chosen) > MAX_CDF_RUNS:
+        note = (f"the first {MAX_CDF_RUNS} of {configs} configurations (lowest seed each); "
+                "choose others with --run")
+        chosen = chosen.head(MAX_CDF_RUNS)
+    elif kind != Kind.timeline and not run_ids and configs > 1:
+        note = f"all {configs} configurations (lowest seed each)"
     meta_path = folder / "sweep.json"
     meta = _read_json(meta_path) if meta_path.is_file() else {}
     from simulator.plots.common import axis_columns, config_labels
@@ -109,7 +123,7 @@ def _run_frames(results: Path, run_ids: list[str] | None, kind: Kind
     out: dict[str, dict[str, pd.DataFrame]] = {}
     for (_, row), name in zip(chosen.iterrows(), labels, strict=True):
         out[f"{name} (seed {row['seed']})"] = _load_or_rerun(folder, row, meta)
-    return out, slo_targets(chosen)
+    return out, slo_targets(chosen), note
 
 
 def _load_or_rerun(folder: Path, row: pd.Series, meta: dict[str, Any]) -> dict[str, pd.DataFrame]:
@@ -181,6 +195,10 @@ def _figure(results: Path, kind: Kind, *, xcol: str, metric: str,
             fig = plots.goodput_vs_rate(table, x=xcol, target=target)
         elif kind == Kind.pd_heatmap:
             fig = plots.pd_ratio_heatmap(table, metric=metric)
+        elif kind == Kind.capacity:
+            if "label" not in table:
+                raise ConfigError("the capacity plot is drawn from a plan folder (plan.parquet)")
+            fig = plots.capacity_vs_rate(table)
         elif "label" in table:  # a planner table: one row per configuration
             rate = (float(table["target_rate_per_s"].iloc[0])
                     if "target_rate_per_s" in table else None)
@@ -188,9 +206,12 @@ def _figure(results: Path, kind: Kind, *, xcol: str, metric: str,
         else:
             fig = plots.cost_vs_goodput(table, target=target)
     else:
-        frames, slo = _run_frames(results, run_id, kind)
+        frames, slo, note = _run_frames(results, run_id, kind)
         if kind == Kind.cdf:
-            fig = plots.latency_cdf({k: v["requests"] for k, v in frames.items()}, slo=slo)
+            if note.startswith("the first"):
+                typer.echo(f"note: the CDF shows {note}", err=True)
+            fig = plots.latency_cdf({k: v["requests"] for k, v in frames.items()}, slo=slo,
+                                    note=note)
         elif kind == Kind.monitoring:
             from simulator.metrics.monitoring import pool_timeseries
 

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table
 
 from simulator.cli.app import profiles_app
+from simulator.cli.render import make_console
 from simulator.errors import ConfigError
 
 
@@ -18,41 +18,58 @@ def list_profiles() -> None:
     """List shipped devices, links, serving engines and models."""
     from simulator.hardware.engines import engine_names, load_engine
     from simulator.hardware.registry import device_names, link_names, load_device, load_link
-    from simulator.models.catalog import CATALOG
+    from simulator.models.catalog import CATALOG, HF_IDS, released_precisions
+    from simulator.report.numbers import fmt
+    from simulator.units import BYTES_PER_ELEMENT
 
-    console = Console()
-    t = Table(title="Devices")
-    for col in ("name", "memory", "GB", "GB/s", "bf16 TFLOP/s", "fp8", "fp4", "$/h"):
-        t.add_column(col)
+    console = make_console()
+    t = Table(title="Devices (dense peak rates, in the precisions the chip has units for)")
+    for col in ("name", "memory", "GB", "GB/s", "TFLOP/s by precision", "$/h"):
+        t.add_column(col, justify="left" if col in ("name", "memory", "TFLOP/s by precision")
+                     else "right", no_wrap=col != "TFLOP/s by precision")
     for name in device_names():
         d = load_device(name)
-        t.add_row(d.name, d.memory_kind, f"{d.memory_capacity_gb:g}",
-                  f"{d.memory_bandwidth_gb_per_s:g}", f"{d.peak_tflops.get('bf16', 0):g}",
-                  f"{d.peak_tflops.get('fp8', 0):g}", f"{d.peak_tflops.get('fp4', 0):g}",
-                  f"{d.price.usd_per_hour:g}" if d.price else "-")
+        rates = ", ".join(f"{p} {fmt(r)}" for p, r in sorted(
+            d.peak_tflops.items(), key=lambda kv: -BYTES_PER_ELEMENT[kv[0]]))
+        t.add_row(d.name, d.memory_kind, fmt(d.memory_capacity_gb),
+                  fmt(d.memory_bandwidth_gb_per_s), rates,
+                  f"{d.price.usd_per_hour:,.2f}" if d.price else "-")
     console.print(t)
     t = Table(title="Links")
     for col in ("name", "kind", "GB/s per dir", "efficiency", "latency us"):
         t.add_column(col)
     for name in link_names():
         link = load_link(name)
-        t.add_row(link.name, link.kind, f"{link.bandwidth_gb_per_s:g}", f"{link.efficiency:g}",
-                  f"{link.latency_us:g}")
+        t.add_row(link.name, link.kind, fmt(link.bandwidth_gb_per_s) if link.bandwidth_gb_per_s
+                  else "unlimited", fmt(link.efficiency), fmt(link.latency_us))
     console.print(t)
     t = Table(title="Serving engines")
     for col in ("name", "version", "step overhead us", "block size"):
         t.add_column(col)
     for name in engine_names():
         e = load_engine(name)
-        t.add_row(e.name, e.version, f"{e.step_overhead_us:g}", str(e.block_size))
+        t.add_row(e.name, e.version, fmt(e.step_overhead_us), str(e.block_size))
     console.print(t)
-    t = Table(title="Models")
-    for col in ("name", "params (B)", "active (B)", "layers", "KV/token (KiB, bf16)"):
-        t.add_column(col)
+    t = Table(title="Models (`model:` takes the name or a Hugging Face id)")
+    for col in ("name", "params (B)", "active (B)", "layers", "released", "KV/token (KiB)",
+                "Hugging Face id"):
+        t.add_column(col, justify="left" if col in ("name", "released", "Hugging Face id")
+                     else "right", no_wrap=col != "Hugging Face id", overflow="fold")
     for m in CATALOG.values():
+        kv = released_precisions(m)["kv_cache"]
+        ids = [i for i, n in HF_IDS.items() if n == m.name]
+        hf = next((h for e in ids for h in _original_ids() if h.lower() == e), "-")
         t.add_row(m.name, f"{m.params_total() / 1e9:.2f}", f"{m.params_active() / 1e9:.2f}",
-                  str(m.num_layers), f"{m.kv_bytes_per_token() / 1024:.1f}")
+                  str(m.num_layers), m.released_precision,
+                  f"{fmt(m.kv_bytes_per_token(kv) / 1024)} {kv}", hf)
     console.print(t)
+
+
+def _original_ids() -> list[str]:
+    """Hugging Face ids as their repositories spell them."""
+    from simulator.models.catalog import hf_ids
+
+    return hf_ids()
 
 
 @profiles_app.command("show")

@@ -51,7 +51,37 @@ def print_summary(summary: dict[str, Any], title: str, console: Console | None =
     (console or Console()).print(summary_table(summary, title))
 
 
-def make_console() -> Console:
-    """A console that does not squeeze wide tables when output is piped or captured."""
+def precision_lines(scenario: Any) -> str:
+    """``precision: weights fp8, ... (DeepSeek-V3's released precision)``, plus one line per
+    pool that sets its own."""
+    from simulator.models.catalog import precision_note
+
+    lines = [f"precision: {precision_note(scenario.model, scenario.precision) or 'as given'}"]
+    for pool in scenario.cluster.pools:
+        if pool.precision is not None:
+            note = precision_note(scenario.model, pool.precision, scenario.precision)
+            lines.append(f"  pool {pool.name}: {note or 'as given'}")
+    return "\n".join(lines)
+
+
+def print_json(summary: dict[str, Any]) -> None:
+    """The summary as one JSON object on stdout (NaN as null), for scripts."""
+    import json
+    import sys
+
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else
+                 v.item() if hasattr(v, "item") else v) for k, v in summary.items()}
+    sys.stdout.write(json.dumps(clean) + "\n")
+
+
+def make_console(quiet: bool = False) -> Console:
+    """A console that does not squeeze wide tables when output is piped or captured
+    (unless ``COLUMNS`` says how wide the reader's screen is); ``quiet`` prints nothing."""
+    import os
+
+    if quiet:
+        return Console(quiet=True)
     console = Console()
-    return console if console.is_terminal else Console(width=200)
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(width=200)

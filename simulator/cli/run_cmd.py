@@ -10,7 +10,8 @@ import typer
 from simulator.cli.app import app
 from simulator.cli.outputs import check_out_file, check_out_folder, staged_folder
 from simulator.cli.overrides import apply_sets
-from simulator.cli.render import make_console, print_summary
+from simulator.cli.progress import run_progress
+from simulator.cli.render import make_console, precision_lines, print_json, print_summary
 from simulator.errors import ConfigError, InterruptedRunError
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ def run(
     skip_bad_rows: Annotated[bool, typer.Option(help="Leave out trace rows with bad values "
                                                      "(counted and reported) instead of "
                                                      "stopping at the first.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors "
+                                                             "(files are still written).")] = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object "
+                                                       "(no table, no progress).")] = False,
 ) -> None:
     """Simulate one scenario and print its summary."""
     from simulator.runner.run import run as run_scenario
@@ -47,12 +52,17 @@ def run(
     if skip_bad_rows:
         sc = with_skip_bad_rows(sc, str(scenario))
     check_outputs(out, trace)
+    console = make_console(quiet=quiet or json_)
     try:
-        result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario), file=str(scenario))
+        with run_progress(console, enabled=not (quiet or json_)) as progress:
+            result = run_scenario(sc, seed=seed, base_dir=scenario_dir(scenario),
+                                  file=str(scenario), progress=progress)
     except KeyboardInterrupt:
         raise InterruptedRunError("interrupted before the run ended; nothing was written") from None
-    console = make_console()
+    if json_:
+        print_json(result.summary)
     print_summary(result.summary, f"{sc.name} (seed {result.scenario.seed})", console)
+    console.print(precision_lines(sc))
     console.print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps in "
                   f"{result.wall_s:.2f} s wall")
     report_skipped(result, console)

@@ -19,6 +19,9 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="Model name, e.g. `Llama-3.1-70B`.")
+    released_precision: Literal["bf16", "fp16", "fp8"] = Field("bf16", description=(
+        "Precision the weights were published in (DeepSeek-V3: fp8); a scenario's "
+        "`precision` defaults to it."))
     num_layers: int = Field(gt=0, description="Transformer blocks.")
     hidden_size: int = Field(gt=0, description="Residual stream width.")
     num_attention_heads: int = Field(gt=0, description="Query heads.")

@@ -21,57 +21,131 @@ _LLAMA_SRC = "meta-llama/llama-models:models/sku_list.py@364ed4e; HF config.json
 _VIDUR_SRC = "microsoft/vidur:vidur/config/model_config.py; HF config.json"
 _OPT_SRC = "Zhang et al., OPT: Open Pre-trained Transformer Language Models (2022), Table 1"
 
+
+
+def _llama31(size: str) -> tuple[str, ...]:
+    return tuple(f"meta-llama/{p}Llama-3.1-{size}{s}" for p in ("", "Meta-")
+                 for s in ("", "-Instruct"))
+
+
 _ENTRIES: list[dict[str, Any]] = [
-    dict(name="Llama-2-7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+    dict(name="Llama-2-7B", released_precision="fp16",
+         hf_ids=("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"),
+          num_layers=32, hidden_size=4096, num_attention_heads=32,
          num_kv_heads=32, head_dim=128, intermediate_size=11008, vocab_size=32000,
          max_context_tokens=4096, source=_VIDUR_SRC),
-    dict(name="Llama-2-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+    dict(name="Llama-2-70B", released_precision="fp16",
+         hf_ids=("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"),
+          num_layers=80, hidden_size=8192, num_attention_heads=64,
          num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=32000,
          max_context_tokens=4096, source=_VIDUR_SRC),
-    dict(name="Llama-3.1-8B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+    dict(name="Llama-3.1-8B", hf_ids=_llama31("8B"),
+          num_layers=32, hidden_size=4096, num_attention_heads=32,
          num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
          max_context_tokens=131072, source=_LLAMA_SRC),
-    dict(name="Llama-3.1-70B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+    dict(name="Llama-3.1-70B", hf_ids=_llama31("70B"),
+          num_layers=80, hidden_size=8192, num_attention_heads=64,
          num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
          max_context_tokens=131072, source=_LLAMA_SRC),
-    dict(name="Llama-3.1-405B", num_layers=126, hidden_size=16384, num_attention_heads=128,
+    dict(name="Llama-3.1-405B", hf_ids=_llama31("405B"),
+          num_layers=126, hidden_size=16384, num_attention_heads=128,
          num_kv_heads=8, head_dim=128, intermediate_size=53248, vocab_size=128256,
          max_context_tokens=131072, source=_LLAMA_SRC),
-    dict(name="Mixtral-8x7B", num_layers=32, hidden_size=4096, num_attention_heads=32,
+    dict(name="Mixtral-8x7B", hf_ids=("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+          num_layers=32, hidden_size=4096, num_attention_heads=32,
          num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32000,
          max_context_tokens=32768, num_experts=8, num_experts_per_token=2,
          moe_intermediate_size=14336,
          source="Mixtral of Experts, arXiv 2401.04088 Table 1; HF config.json"),
-    dict(name="Qwen2.5-72B", num_layers=80, hidden_size=8192, num_attention_heads=64,
+    dict(name="Qwen2.5-72B", hf_ids=("Qwen/Qwen2.5-72B", "Qwen/Qwen2.5-72B-Instruct"),
+          num_layers=80, hidden_size=8192, num_attention_heads=64,
          num_kv_heads=8, head_dim=128, intermediate_size=29568, vocab_size=152064,
          max_context_tokens=131072, qkv_bias=True,
          source="HF Qwen/Qwen2.5-72B config.json; Qwen2.5 report arXiv 2412.15115"),
-    dict(name="Qwen3-235B-A22B", num_layers=94, hidden_size=4096, num_attention_heads=64,
+    dict(name="Qwen3-235B-A22B", hf_ids=("Qwen/Qwen3-235B-A22B",),
+          num_layers=94, hidden_size=4096, num_attention_heads=64,
          num_kv_heads=4, head_dim=128, intermediate_size=12288, vocab_size=151936,
          max_context_tokens=40960, qk_norm=True, num_experts=128, num_experts_per_token=8,
          moe_intermediate_size=1536, source="HF Qwen/Qwen3-235B-A22B config.json"),
-    dict(name="DeepSeek-V3", num_layers=61, hidden_size=7168, num_attention_heads=128,
+    # released in fp8: config.json quantization_config fmt e4m3, weight_block_size 128x128
+    dict(name="DeepSeek-V3", released_precision="fp8",
+         hf_ids=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324"),
+          num_layers=61, hidden_size=7168, num_attention_heads=128,
          num_kv_heads=128, head_dim=128, intermediate_size=18432, vocab_size=129280,
          max_context_tokens=131072, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
          qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=256,
          num_experts_per_token=8, moe_intermediate_size=2048, num_shared_experts=1,
          first_dense_layers=3,
          source="deepseek-ai/DeepSeek-V3:inference/configs/config_671B.json@9b4e978"),
-    dict(name="OPT-13B", num_layers=40, hidden_size=5120, num_attention_heads=40,
+    dict(name="OPT-13B", released_precision="fp16", hf_ids=("facebook/opt-13b",),
+          num_layers=40, hidden_size=5120, num_attention_heads=40,
          num_kv_heads=40, head_dim=128, intermediate_size=20480, vocab_size=50272,
          max_context_tokens=2048, mlp_kind="plain", norm_kind="layer",
          tie_word_embeddings=True, learned_positions=2050, source=_OPT_SRC),
-    dict(name="OPT-66B", num_layers=64, hidden_size=9216, num_attention_heads=72,
+    dict(name="OPT-66B", released_precision="fp16", hf_ids=("facebook/opt-66b",),
+          num_layers=64, hidden_size=9216, num_attention_heads=72,
          num_kv_heads=72, head_dim=128, intermediate_size=36864, vocab_size=50272,
          max_context_tokens=2048, mlp_kind="plain", norm_kind="layer",
          tie_word_embeddings=True, learned_positions=2050, source=_OPT_SRC),
-    dict(name="OPT-175B", num_layers=96, hidden_size=12288, num_attention_heads=96,
+    dict(name="OPT-175B", released_precision="fp16",
+          num_layers=96, hidden_size=12288, num_attention_heads=96,
          num_kv_heads=96, head_dim=128, intermediate_size=49152, vocab_size=50272,
          max_context_tokens=2048, mlp_kind="plain", norm_kind="layer",
          tie_word_embeddings=True, learned_positions=2050, source=_OPT_SRC),
 ]
 
-CATALOG: dict[str, ModelConfig] = {e["name"]: ModelConfig(**e) for e in _ENTRIES}
+CATALOG: dict[str, ModelConfig] = {
+    e["name"]: ModelConfig(**{k: v for k, v in e.items() if k != "hf_ids"}) for e in _ENTRIES}
+
+HF_IDS: dict[str, str] = {i.lower(): e["name"] for e in _ENTRIES for i in e.get("hf_ids", ())}
+"""Hugging Face repository id (lower case) -> catalog name; the weights behind each id are
+the catalog entry's released precision."""
+
+
+def hf_ids() -> list[str]:
+    """Every Hugging Face id the catalog resolves, spelled as on the Hub."""
+    return [i for e in _ENTRIES for i in e.get("hf_ids", ())]
+
+
+def released_precisions(model: ModelConfig) -> dict[str, str]:
+    """What a scenario runs when it gives no ``precision``: weights (and, for fp8
+    releases, GEMM activations, as DeepSeek-V3's block-wise fp8 inference does) in the
+    released precision, activations and KV cache in the 16-bit type otherwise."""
+    wide = "fp16" if model.released_precision == "fp16" else "bf16"
+    return {"weights": model.released_precision,
+            "activations": "fp8" if model.released_precision == "fp8" else wide,
+            "kv_cache": wide}
+
+
+def resolve_precisions(model: ModelConfig, *given: Any) -> dict[str, str]:
+    """Per field, the first of ``given`` (pool, then scenario ``precision`` mappings or
+    specs, ``None`` where unset) that sets it, else the released default. Activations follow
+    an overridden weight precision (``weights: bf16`` on an fp8 release runs bf16 GEMMs)."""
+    out = released_precisions(model)
+    chosen: dict[str, str] = {}
+    for spec in given:
+        values = spec if isinstance(spec, dict) else (spec.model_dump() if spec else {})
+        for key, value in values.items():
+            if value is not None and key not in chosen:
+                chosen[key] = value
+    if "weights" in chosen and "activations" not in chosen and chosen["weights"] != "fp8":
+        chosen["activations"] = "fp16" if chosen["weights"] == "fp16" else "bf16"
+    out.update(chosen)
+    return out
+
+
+def precision_note(model_name: str, *given: Any) -> str:
+    """``weights fp8 (DeepSeek-V3's released precision)`` or ``weights bf16 (overrides
+    DeepSeek-V3's released fp8)``; empty when the model is not in the catalog."""
+    try:
+        model = get_model(model_name)
+    except ConfigError:
+        return ""
+    p = resolve_precisions(model, *given)
+    text = f"weights {p['weights']}, activations {p['activations']}, KV cache {p['kv_cache']}"
+    if p["weights"] == model.released_precision:
+        return f"{text} ({model.name}'s released precision)"
+    return f"{text} (overrides {model.name}'s released {model.released_precision})"
 
 
 def model_names() -> list[str]:
@@ -79,16 +153,24 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelConfig:
-    """A catalog model by name (case-insensitive), or a HF ``config.json`` by path."""
+    """A catalog model by name or Hugging Face id (``deepseek-ai/DeepSeek-V3``), case
+    insensitive, or a HF ``config.json`` by path."""
     by_lower = {k.lower(): v for k, v in CATALOG.items()}
     if name.lower() in by_lower:
         return by_lower[name.lower()]
+    if name.lower() in HF_IDS:
+        return CATALOG[HF_IDS[name.lower()]]
     path = Path(name)
     if path.suffix == ".json" or path.is_dir():
         return from_hf_config(path)
+    hint = ""
+    if "/" in name and not path.exists():
+        hint = (" (a Hugging Face id the catalog does not know: download its config.json and "
+                "give its path)")
     raise ConfigError(
-        f"unknown model {name!r}; catalog: {', '.join(CATALOG)} "
-        "(or give a path to a Hugging Face config.json)"
+        f"unknown model {name!r}{hint}; catalog: {', '.join(CATALOG)}; Hugging Face ids: "
+        f"{', '.join(sorted({i for e in _ENTRIES for i in e.get('hf_ids', ())[:1]}))} and "
+        "their -Instruct variants (or give a path to a Hugging Face config.json)"
     )
 
 
@@ -137,6 +219,16 @@ class _Reader:
         return value
 
 
+def _released(cfg: dict[str, Any]) -> str:
+    """fp8 for an fp8 ``quantization_config`` (DeepSeek-V3, the -FP8 releases), else the
+    ``torch_dtype``'s 16-bit type."""
+    quant = cfg.get("quantization_config") or {}
+    if isinstance(quant, dict) and (quant.get("quant_method") == "fp8"
+                                    or str(quant.get("fmt", "")).startswith("e4m3")):
+        return "fp8"
+    return "fp16" if str(cfg.get("torch_dtype", "")) == "float16" else "bf16"
+
+
 def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
     """Build a :class:`ModelConfig` from a Hugging Face ``config.json`` (file or folder)."""
     path = Path(path)
@@ -172,6 +264,7 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
         "tie_word_embeddings": r.flag("tie_word_embeddings",
                                       model_type not in UNTIED_BY_DEFAULT),
         "source": f"Hugging Face config.json at {file}",
+        "released_precision": _released(cfg),
     }
     head_dim = r.whole("head_dim")
     if head_dim is None and hidden and heads:

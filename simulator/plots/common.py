@@ -6,11 +6,14 @@ hold no global state and need no display; ``save`` writes PNG and SVG.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from simulator.metrics.stats import aggregate_seeds
 
@@ -65,18 +68,33 @@ def short_names(paths: Sequence[str]) -> dict[str, str]:
 
 
 def config_labels(frame: pd.DataFrame, group: Sequence[str]) -> pd.Series:
-    """One legend label per row from its ``group`` columns (``tp=4, instances=2``)."""
+    """One legend label per row from its ``group`` columns (``tp=4, instances=2``).
+
+    With a single text column (a layout axis labelled ``1P1D TP4``) the label is the text
+    alone; the legend title names the axis (:func:`legend_title`).
+    """
     if not group:
         return pd.Series(["all runs"] * len(frame), index=frame.index)
     names = short_names(list(group))
+    alone = len(group) == 1 and frame[group[0]].map(lambda v: isinstance(v, str)).all()
 
     def one(name: str, value: object) -> str:
+        if alone:
+            return str(value)
         if name.endswith(".instances"):  # cluster.pools.<pool>.instances
             return f"{name.removesuffix('.instances')}×{value}"
         return f"{name}={value}"
 
     return frame[list(group)].apply(
         lambda r: ", ".join(one(names[g], r[g]) for g in group), axis=1)
+
+
+def legend_title(frame: pd.DataFrame, group: Sequence[str]) -> str | None:
+    """The axis a single-text-column legend varies (``pools``), else no title."""
+    if len(group) == 1 and group[0] in frame and frame[group[0]].map(
+            lambda v: isinstance(v, str)).all():
+        return short_names(list(group))[group[0]]
+    return None
 
 
 def pooled(frame: pd.DataFrame, by: Sequence[str], metrics: Iterable[str]) -> pd.DataFrame:
@@ -95,6 +113,28 @@ def require(frame: pd.DataFrame, columns: Iterable[str], kind: str) -> None:
     if missing:
         raise ConfigError(f"the {kind} plot needs column(s) {missing}; the results have: "
                           f"{', '.join(c for c in frame.columns if c != 'scenario_json')}")
+
+
+def legend_below(fig: Figure, ax: Axes, title: str | None = None) -> None:
+    """One legend below the panels, from ``ax``'s labelled artists: outside the data, so it
+    never covers a curve, and constrained layout keeps room for it whatever the label
+    lengths (long labels wrap)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    wrapped = [textwrap.fill(str(t), 48) for t in labels]
+    ncols = max(1, min(len(labels), 4 if max(len(t) for t in labels) < 28 else 2))
+    fig.legend(handles, wrapped, loc="outside lower center", ncols=ncols, fontsize="small",
+               title=title, title_fontsize="small", frameon=False)
+
+
+def plain_log_axis(ax: Axes, axis: str = "y") -> None:
+    """Log-axis ticks at 1-2-5 steps written as plain numbers (``20``, ``50``, ``100``),
+    not ``2×10¹``; no minor labels."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, width: float = 6.0,

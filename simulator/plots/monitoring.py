@@ -6,7 +6,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from simulator.errors import ConfigError
-from simulator.plots.common import new_figure
+from simulator.plots.common import new_figure, plain_log_axis
 
 _MARKS = {"instance_failure": ("red", "failure"), "instance_recovery": ("green", "recovery"),
           "scale_out": ("purple", "scale out"), "scale_in": ("gray", "scale in"),
@@ -45,6 +45,7 @@ def monitoring_plot(pools: pd.DataFrame, events: pd.DataFrame | None = None, *,
     ax_u.set_title("Compute- and memory-bound time per device")
     ax_lat.set_ylabel("ms (log)")
     ax_lat.set_yscale("log")
+    plain_log_axis(ax_lat)
     ax_lat.set_title("Mean TTFT and TPOT of the requests that finished in each interval")
     if events is not None and len(events):
         seen: set[str] = set()
@@ -59,7 +60,10 @@ def monitoring_plot(pools: pd.DataFrame, events: pd.DataFrame | None = None, *,
             seen.add(name)
     for ax in axes:
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="x-small", loc="upper left", ncols=3)
+        # Legends beside the panels, never over the data.
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      borderaxespad=0.0, frameon=False)
     ax_lat.set_xlabel("simulated time (s)")
     fig.suptitle(title or "Monitoring")
     return fig

@@ -14,12 +14,16 @@ from matplotlib.figure import Figure
 
 from simulator.errors import ConfigError
 from simulator.metrics.monitoring import busy_per_bin, last_in_bin
-from simulator.plots.common import new_figure
+from simulator.plots.common import legend_below, new_figure, plain_log_axis
 
 
 def latency_cdf(requests: Mapping[str, pd.DataFrame], *,
-                slo: Mapping[str, float] | None = None) -> Figure:
-    """Empirical CDFs of TTFT and TPOT of completed requests, one line per run."""
+                slo: Mapping[str, float] | None = None, note: str = "") -> Figure:
+    """Empirical CDFs of TTFT and TPOT of completed requests, one line per run.
+
+    Every run given is drawn; ``note`` (e.g. "8 of 33 configurations") goes in the title,
+    so a caller that chose a subset says so on the figure.
+    """
     fig, (ax_ttft, ax_tpot) = new_figure(2, 1)
     spans: dict[str, list[float]] = {"ttft_s": [], "tpot_s": []}
     for i, (name, frame) in enumerate(requests.items()):
@@ -47,8 +51,10 @@ def latency_cdf(requests: Mapping[str, pd.DataFrame], *,
         ax.set_ylabel("fraction of completed requests")
         ax.set_title(f"CDF of {title.lower()}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small", loc="lower right")
-    fig.suptitle("Latency distributions")
+        if log:
+            plain_log_axis(ax, "x")
+    legend_below(fig, ax_tpot)
+    fig.suptitle("Latency distributions" + (f": {note}" if note else ""))
     return fig
 
 

@@ -19,7 +19,10 @@ from simulator.plots.common import (
     axis_columns,
     config_labels,
     label,
+    legend_below,
+    legend_title,
     new_figure,
+    plain_log_axis,
     pooled,
     require,
     scale,
@@ -47,9 +50,19 @@ def _group(frame: pd.DataFrame, x: str, group: Sequence[str] | None) -> list[str
     return [a for a in axes if a != RATE]
 
 
-def _line(ax, xs: np.ndarray, mean: np.ndarray, half: np.ndarray, **style) -> None:
-    """Mean line with 95 % CI error bars (none where there is a single seed)."""
-    err = np.where(np.isfinite(half), half, 0.0)
+def _line(ax, xs: np.ndarray, mean: np.ndarray, half: np.ndarray, *, low: float = 0.0,
+          high: float = math.inf, log: bool = False, **style) -> None:
+    """Mean line with 95 % CI error bars (none where there is a single seed).
+
+    Intervals are clipped to what the quantity can be: ``[low, high]`` (0-100 % for SLO
+    attainment, >= 0 otherwise); on a log axis an interval that would reach 0 stops one
+    decade below the mean.
+    """
+    half = np.where(np.isfinite(half), half, 0.0)
+    floor = np.maximum(low, mean / 10) if log else np.full_like(mean, low)
+    lower = np.clip(mean - np.maximum(mean - half, floor), 0.0, None)
+    upper = np.clip(np.minimum(mean + half, high) - mean, 0.0, None)
+    err = np.vstack([lower, upper])
     ax.errorbar(xs, mean, yerr=err if err.any() else None, marker="o", markersize=3.5,
                 capsize=2.5, elinewidth=0.8, **style)
 
@@ -87,7 +100,7 @@ def latency_vs_throughput(frame: pd.DataFrame, *, x: str = RATE,
             for j, p in enumerate(reversed(list(percentiles))):
                 col = f"{m}_{p}_s"
                 _line(ax, part["_x"].to_numpy(float), part[f"{col}_mean"].to_numpy(float) * 1e3,
-                      part[f"{col}_ci95"].to_numpy(float) * 1e3, color=color,
+                      part[f"{col}_ci95"].to_numpy(float) * 1e3, log=True, color=color,
                       linestyle="-" if j == 0 else "--",
                       label=f"{name} ({p})" if len(percentiles) > 1 else name)
     for ax, m, title in ((ax_ttft, "ttft", "Time to first token"),
@@ -99,8 +112,9 @@ def latency_vs_throughput(frame: pd.DataFrame, *, x: str = RATE,
         ax.set_xlabel(label(x))
         ax.set_ylabel(f"{m.upper()} (ms)")
         ax.set_yscale("log")
+        plain_log_axis(ax)
         ax.grid(True, which="both", alpha=0.3)
-    ax_tpot.legend(fontsize="small", loc="best")
+    legend_below(fig, ax_tpot, legend_title(frame, groups))
     slo_lines = [h for h in ax_ttft.get_lines() if str(h.get_label()).startswith("SLO")]
     if slo_lines:
         ax_ttft.legend(handles=slo_lines, fontsize="small", loc="upper left")
@@ -125,7 +139,9 @@ def goodput_vs_rate(frame: pd.DataFrame, *, x: str = RATE, group: Sequence[str] 
         xs = part["_x"].to_numpy(float)
         for ax, m in ((ax_att, "slo_attainment"), (ax_good, "goodput")):
             _line(ax, xs, part[f"{m}_mean"].to_numpy(float) * scale(m),
-                  part[f"{m}_ci95"].to_numpy(float) * scale(m), color=f"C{i % 10}", label=name)
+                  part[f"{m}_ci95"].to_numpy(float) * scale(m),
+                  high=100.0 if m == "slo_attainment" else math.inf, color=f"C{i % 10}",
+                  label=name)
     ax_att.axhline(target * 100, color="0.4", linestyle=":", label=f"target {target:.0%}")
     ax_att.set_ylim(-2, 102)
     if x == RATE:
@@ -137,14 +153,21 @@ def goodput_vs_rate(frame: pd.DataFrame, *, x: str = RATE, group: Sequence[str] 
         ax.set_xlabel(label(x))
         ax.set_ylabel(label(m))
         ax.grid(True, alpha=0.3)
-    ax_good.legend(fontsize="small", loc="best")
+    legend_below(fig, ax_good, legend_title(frame, groups))
     fig.suptitle("SLO attainment and goodput" + _seeds_note(frame))
     return fig
 
 
-def pareto_front(cost: np.ndarray, goodput: np.ndarray) -> np.ndarray:
-    """Indices of points no other point beats on both (lower cost, higher goodput)."""
-    order = np.lexsort((-goodput, cost))
+def pareto_front(cost: np.ndarray, goodput: np.ndarray,
+                 decimals: int | None = None) -> np.ndarray:
+    """Indices of points no other point beats on both (lower cost, higher goodput).
+
+    Among equal costs the higher goodput wins, then the earlier row. With ``decimals=2``
+    costs are compared to the cent, as the planner ranks them, so on a planner table
+    (sorted by its rank rule) the front starts at the top pick.
+    """
+    rounded = cost if decimals is None else np.round(cost, decimals)
+    order = np.lexsort((np.arange(len(cost)), -goodput, rounded))
     best = -math.inf
     keep = []
     for i in order:
@@ -201,7 +224,7 @@ def cost_vs_goodput(frame: pd.DataFrame, *, cost: str = "cost_usd_per_hour",
               if ycol == "swept_goodput" else label(ycol))
     fig, (ax,) = new_figure(1, 1, width=7.5, height=5)
     ax.scatter(xs, ys, s=22, color="0.55", label="configuration", zorder=2)
-    front = pareto_front(xs, ys)
+    front = pareto_front(xs, ys, decimals=2 if labels is not None else None)
     if len(front):
         ax.plot(xs[front], ys[front], color="C3", marker="o", zorder=3,
                 drawstyle="steps-post", label="Pareto front (cheapest for its goodput)")
@@ -242,7 +265,8 @@ def pd_ratio_heatmap(frame: pd.DataFrame, *, metric: str = "slo_attainment",
     if facet is None and RATE in axes and RATE not in (prefill, decode):
         facet = RATE
     by = [prefill, decode, *([facet] if facet else [])]
-    table = pooled(frame, by, [metric])
+    cost = "cost_usd_per_hour"
+    table = pooled(frame, by, [metric, *([cost] if cost in frame and metric != cost else [])])
     facets = sorted(table[facet].unique()) if facet else [None]
     fig, panels = new_figure(len(facets), 1, width=4.2, height=4.0)
     ps, ds = sorted(table[prefill].unique()), sorted(table[decode].unique())
@@ -253,14 +277,18 @@ def pd_ratio_heatmap(frame: pd.DataFrame, *, metric: str = "slo_attainment",
     for ax, value in zip(panels, facets, strict=True):
         part = table if value is None else table[table[facet] == value]
         grid = np.full((len(ps), len(ds)), np.nan)
+        dollars = np.full((len(ps), len(ds)), np.nan)
         for _, row in part.iterrows():
             cell = (ps.index(row[prefill]), ds.index(row[decode]))
             grid[cell] = row[f"{metric}_mean"] * scale(metric)
+            dollars[cell] = row.get(f"{cost}_mean", np.nan)
         image = ax.imshow(grid, origin="lower", cmap="viridis", vmin=vmin, vmax=vmax,
                           aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             if np.isfinite(v):
-                ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
+                text = f"{v:.3g}" + (f"\n${dollars[i, j]:,.0f}/h" if np.isfinite(dollars[i, j])
+                                     else "")
+                ax.text(j, i, text, ha="center", va="center", fontsize=8,
                         color="white" if v < vmin + 0.6 * (vmax - vmin) else "black")
         ax.set_xticks(range(len(ds)), [str(d) for d in ds])
         ax.set_yticks(range(len(ps)), [str(p) for p in ps])
@@ -272,5 +300,7 @@ def pd_ratio_heatmap(frame: pd.DataFrame, *, metric: str = "slo_attainment",
             ax.set_title(f"{short_names([facet])[facet]} = {value}")
     if image is not None:
         fig.colorbar(image, ax=panels, label=label(metric), shrink=0.9)
-    fig.suptitle(f"Prefill:decode ratio: {label(metric)}" + _seeds_note(frame, bars=False))
+    note = " (cells: value and cluster $/hour)" if np.isfinite(
+        table.get(f"{cost}_mean", pd.Series([np.nan])).to_numpy(float)).any() else ""
+    fig.suptitle(f"Prefill:decode ratio: {label(metric)}{note}" + _seeds_note(frame, bars=False))
     return fig

@@ -17,13 +17,13 @@ from simulator.engine.config import EmpiricalLength, FixedLength, LognormalLengt
 from simulator.engine.workload import load_trace
 from simulator.errors import ConfigError, MemoryFitError
 from simulator.hardware.engines import ServingEngineProfile, load_engine
-from simulator.hardware.profiles import DeviceProfile, LinkProfile
+from simulator.hardware.profiles import DeviceProfile, LinkProfile, Price
 from simulator.hardware.registry import load_device, load_link
 from simulator.models.arch import ModelConfig
-from simulator.models.catalog import get_model
+from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.checks import check_model_settings
 from simulator.runner.placement import Placement, place
-from simulator.scenario.schema import PoolSpec, Scenario
+from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
 
 
 @dataclass(frozen=True)
@@ -206,23 +206,56 @@ def smallest_pp(model: ModelConfig, r: _Resolved, kv_tokens: int) -> tuple[int, 
     return None
 
 
+def with_resolved_precision(scenario: Scenario, model: ModelConfig) -> Scenario:
+    """The scenario with every precision spelled out as simulated (unset fields take the
+    model's released precision), for ``scenario.resolved.yaml``."""
+    top = resolve_precisions(model, scenario.precision)
+    pools = [p.model_copy(update={"precision": PrecisionSpec(**resolve_precisions(  # type: ignore[arg-type]
+        model, p.precision, scenario.precision))}) if p.precision is not None else p
+        for p in scenario.cluster.pools]
+    cluster = scenario.cluster.model_copy(update={"pools": pools})
+    out = scenario.model_copy(update={"precision": PrecisionSpec(**top),  # type: ignore[arg-type]
+                                      "cluster": cluster})
+    out._source = scenario.source_file
+    return out
+
+
+def pool_device(pool: PoolSpec, base_dir: Path, file: str | None, key: str) -> DeviceProfile:
+    """The pool's device profile: a shipped name, or a YAML path relative to the scenario
+    file (as traces are); with the pool's ``device_usd_per_hour`` as its price."""
+    name = pool.device
+    if name.endswith((".yaml", ".yml")):
+        path = Path(name) if Path(name).is_absolute() else base_dir / name
+        if not path.is_file():
+            raise ConfigError(f"device file {name!r} not found (looked for {path}; a device "
+                              "path is relative to the scenario file)", file=file,
+                              key=f"{key}.device")
+        name = str(path)
+    try:
+        dev = load_device(name)
+    except ConfigError as exc:
+        raise _keyed(exc, file, f"{key}.device") from None
+    if pool.device_usd_per_hour is not None:
+        dev = dev.model_copy(update={"price": Price(
+            usd_per_hour=pool.device_usd_per_hour, date="scenario",
+            source=f"scenario override ({key}.device_usd_per_hour)")})
+    return dev
+
+
 def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineProfile,
-             file: str | None) -> list[_Resolved]:
+             file: str | None, base_dir: Path) -> list[_Resolved]:
     out = []
     for i, pool in enumerate(scenario.cluster.pools):
         key = f"cluster.pools[{i}]"
-        try:
-            dev = load_device(pool.device)
-        except ConfigError as exc:
-            raise _keyed(exc, file, f"{key}.device") from None
+        dev = pool_device(pool, base_dir, file, key)
         engine = base_engine
         if pool.engine is not None:
             try:
                 engine = load_engine(pool.engine)
             except ConfigError as exc:
                 raise _keyed(exc, file, f"{key}.engine") from None
-        prec = pool.precision or scenario.precision
-        precisions = Precisions(prec.weights, prec.activations, prec.kv_cache)
+        prec = resolve_precisions(model, pool.precision, scenario.precision)
+        precisions = Precisions(prec["weights"], prec["activations"], prec["kv_cache"])
         ps = pool.parallelism
         try:
             par = Parallelism(ps.tp, 1 if ps.pp == "auto" else ps.pp, ps.ep,
@@ -276,7 +309,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         raise _keyed(exc, file, "workload.arrival.path") from None
 
     min_prompt = _min_prompt(scenario)
-    resolved = _resolve(scenario, model, base_engine, file)
+    resolved = _resolve(scenario, model, base_engine, file, base_dir)
     groups = [(r.pool.name, r.device, r.pool.max_instances, r.par.devices) for r in resolved]
     spread = {r.pool.name: r.pool.placement.nodes_per_instance
               for r in resolved if r.pool.placement.nodes_per_instance}

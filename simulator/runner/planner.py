@@ -25,182 +25,38 @@ how many, prices), the planner
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simulator.config_io import read_yaml, validate
-from simulator.cost.batch import BatchShape
-from simulator.engine.config import RouterSpec, SchedulerSpec, WorkloadSpec
-from simulator.engine.workload import sample_lengths
 from simulator.errors import ConfigError
 from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_device
 from simulator.runner.build import build_plan
 from simulator.runner.executors import Executor, make_executor
 from simulator.runner.goodput import GoodputSpec
+from simulator.runner.plan_capacity import capacity
+from simulator.runner.plan_spec import (
+    Candidate,
+    Family,
+    HardwareOption,
+    PlanResult,
+    PlanSpec,
+    Shape,
+    families,
+    load_plan,
+    scenario_of,
+)
 from simulator.runner.sweep import RunTask, execute_run, stable_hash
-from simulator.scenario.schema import KVTransferSpec, PrecisionSpec, Scenario, SLOSpec
+
+__all__ = ["RANK_RULE", "Candidate", "Family", "HardwareOption", "PlanResult", "PlanSpec",
+           "Planner", "Shape", "capacity", "capacity_curve", "families", "load_plan", "plan", "rank_key",
+           "scenario_of", "steady_state_warnings"]
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HardwareOption(_Spec):
-    device: str = Field(description="Device profile name (or a device YAML path).")
-    max_devices: int = Field(gt=0, description="Most devices of this type the plan may use.")
-    usd_per_hour: float | None = Field(None, ge=0, description=(
-        "Price per device-hour (default: the profile's dated price)."))
-
-
-class PlanSpec(_Spec):
-    """The plan file."""
-
-    name: str = Field("plan", description="Plan name.")
-    description: str = Field("", description="What is being planned.")
-    model: str = Field(description="Catalog model name or path to a Hugging Face config.json.")
-    precision: PrecisionSpec = Field(default_factory=PrecisionSpec,  # type: ignore[arg-type]
-                                     description="Precisions of weights, activations and KV.")
-    engine: str = Field("vllm", description="Serving-engine profile.")
-    workload: WorkloadSpec = Field(description=(
-        "Lengths and arrival process; its rate is replaced by the target rate."))
-    slo: SLOSpec = Field(description="Latency targets (at least one).")
-    target_rate_per_s: float | None = Field(None, gt=0, description=(
-        "Request rate to serve (default: the workload's rate_per_s)."))
-    attainment: float = Field(0.9, gt=0, le=1, description=(
-        "Share of requests that must meet every SLO."))
-    hardware: list[HardwareOption] = Field(min_length=1, description="Allowed device types.")
-    layouts: list[Literal["colocated", "disaggregated"]] = Field(
-        ["colocated", "disaggregated"], min_length=1, description="Layouts to consider.")
-    tp: list[int] = Field([1, 2, 4, 8], min_length=1, description="TP sizes to consider.")
-    pp: list[int] = Field([1], min_length=1, description="PP sizes to consider.")
-    mixed_devices: bool = Field(False, description=(
-        "Allow prefill and decode pools on different device types."))
-    max_instances_per_pool: int = Field(16, gt=0, description="Most instances in one pool.")
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec,  # type: ignore[arg-type]
-                                     description="Batching settings of every pool.")
-    router: RouterSpec = Field(default_factory=RouterSpec,  # type: ignore[arg-type]
-                               description="Routing policies.")
-    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec,  # type: ignore[arg-type]
-                                        description="KV hand-off (disaggregated layouts).")
-    seed: int = Field(0, ge=0, description="Seed of every simulation.")
-    top: int = Field(10, gt=0, description="How many feasible configurations to rank.")
-    max_simulations_per_family: int = Field(10, gt=0, description=(
-        "Most simulations spent growing one family before it is rejected."))
-    goodput_search: bool = Field(True, description=(
-        "Find each ranked configuration's goodput (for the Pareto plot)."))
-
-    @model_validator(mode="after")
-    def _check(self) -> PlanSpec:
-        if self.slo.ttft_s is None and self.slo.tpot_s is None and self.slo.e2e_s is None:
-            raise ValueError("give at least one SLO (slo.ttft_s, slo.tpot_s or slo.e2e_s)")
-        if not hasattr(self.workload.arrival, "rate_per_s"):
-            raise ValueError(f"the planner varies the request rate; arrival kind "
-                             f"{self.workload.arrival.kind!r} has none (use poisson, gamma "
-                             "or constant)")
-        if any(t < 1 for t in self.tp) or any(p < 1 for p in self.pp):
-            raise ValueError("tp and pp sizes must be >= 1")
-        names = [h.device for h in self.hardware]
-        if len(set(names)) < len(names):
-            raise ValueError(f"hardware lists a device twice: {names}")
-        return self
-
-    @property
-    def rate(self) -> float:
-        return self.target_rate_per_s or float(self.workload.arrival.rate_per_s)  # type: ignore[union-attr]
-
-
-@dataclass(frozen=True)
-class Shape:
-    device: str
-    tp: int
-    pp: int
-
-    def text(self) -> str:
-        return f"{self.device} TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "")
-
-
-@dataclass(frozen=True)
-class Family:
-    layout: str
-    shapes: tuple[Shape, ...]  # colocated: (main,); disaggregated: (prefill, decode)
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        return ("colocated",) if self.layout == "colocated" else ("prefill", "decode")
-
-    def label(self, counts: tuple[int, ...] | None = None) -> str:
-        parts = []
-        for role, shape, n in zip(self.roles, self.shapes, counts or (None,) * 2, strict=False):
-            tag = "" if role == "colocated" else f"{role[0].upper()} "
-            parts.append(f"{tag}{f'{n}x ' if n else ''}{shape.text()}")
-        return ("colocated " if self.layout == "colocated" else "") + " + ".join(parts)
-
-
-@dataclass
-class Candidate:
-    family: Family
-    counts: tuple[int, ...]
-    cost_usd_per_hour: float
-    devices: dict[str, int]
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class PlanResult:
-    spec: PlanSpec
-    ranked: pd.DataFrame
-    """Configurations meeting the SLO at the target rate, cheapest first."""
-    rejected: pd.DataFrame
-    """One row per family that produced no feasible configuration, with the reason."""
-    simulated: pd.DataFrame
-    """Every simulation run, feasible or not."""
-    best: Scenario | None
-    feasible_count: int = 0
-    """Feasible configurations found, ranked or not."""
-
-
-# ----- building scenarios -------------------------------------------------------------
-def scenario_of(spec: PlanSpec, family: Family, counts: tuple[int, ...],
-                rate: float | None = None) -> Scenario:
-    pools = [{"name": "main" if role == "colocated" else role, "role": role,
-              "device": shape.device, "instances": n,
-              "parallelism": {"tp": shape.tp, "pp": shape.pp},
-              "scheduler": spec.scheduler.model_dump(mode="json")}
-             for role, shape, n in zip(family.roles, family.shapes, counts, strict=True)]
-    workload = spec.workload.model_dump(mode="json")
-    workload["arrival"]["rate_per_s"] = rate or spec.rate
-    return Scenario.model_validate({
-        "name": f"{spec.name}: {family.label(counts)}",
-        "seed": spec.seed, "model": spec.model, "engine": spec.engine,
-        "precision": spec.precision.model_dump(mode="json"), "workload": workload,
-        "cluster": {"pools": pools, "router": spec.router.model_dump(mode="json"),
-                    "kv_transfer": spec.kv_transfer.model_dump(mode="json")},
-        "slo": spec.slo.model_dump(mode="json"),
-    })
-
-
-def families(spec: PlanSpec) -> list[Family]:
-    shapes = [Shape(h.device, tp, pp) for h in spec.hardware for tp in spec.tp for pp in spec.pp
-              if tp * pp <= h.max_devices]
-    out: list[Family] = []
-    if "colocated" in spec.layouts:
-        out += [Family("colocated", (s,)) for s in shapes]
-    if "disaggregated" in spec.layouts:
-        out += [Family("disaggregated", (p, d)) for p, d in itertools.product(shapes, shapes)
-                if spec.mixed_devices or p.device == d.device]
-    return out
-
-
-# ----- cost-model estimates -------------------------------------------------------------
 def _price(spec: PlanSpec, device: DeviceProfile, name: str) -> float:
     option = next(h for h in spec.hardware if h.device == name)
     if option.usd_per_hour is not None:
@@ -209,74 +65,6 @@ def _price(spec: PlanSpec, device: DeviceProfile, name: str) -> float:
         raise ConfigError(f"device {device.name} has no price in its profile; give "
                           "usd_per_hour", key=f"hardware.{name}")
     return device.price.usd_per_hour
-
-
-def _mean_lengths(spec: PlanSpec) -> tuple[float, float]:
-    rng = np.random.default_rng(spec.seed)
-    w = spec.workload
-    prompt = float(sample_lengths(w.input_tokens, rng, 8192).mean())  # type: ignore[arg-type]
-    output = float(sample_lengths(w.output_tokens, rng, 8192).mean())  # type: ignore[arg-type]
-    if w.shared_prefix is not None:
-        prompt += w.shared_prefix.tokens * w.shared_prefix.fraction
-    return prompt, output
-
-
-def capacity(spec: PlanSpec, family: Family) -> tuple[list[float], str | None]:
-    """Optimistic requests/s of one instance of each pool, or a reason the family fails."""
-    from simulator.errors import MemoryFitError
-
-    try:
-        plan = build_plan(scenario_of(spec, family, (1,) * len(family.shapes)))
-    except MemoryFitError as exc:
-        return [], f"does not fit: {exc.message}"
-    prompt, output = _mean_lengths(spec)
-    caps: list[float] = []
-    for role, pool in zip(family.roles, plan.pools, strict=True):
-        cap = _pool_capacity(spec, role, pool, prompt, output)
-        if isinstance(cap, str):
-            return [], cap
-        caps.append(cap)
-    return caps, None
-
-
-def _pool_capacity(spec: PlanSpec, role: str, pool: Any, prompt: float,
-                   output: float) -> float | str:
-    """Requests/s one instance of ``pool`` (a ``PoolPlan``) serves, or why it cannot."""
-    sched, slo = spec.scheduler, spec.slo
-    cost = pool.cost_models[0]
-    pipelined = pool.parallelism.pp > 1  # throughput follows the slowest stage
-
-    def seconds(batch: BatchShape) -> float:
-        step = cost.step(batch)
-        return step.slowest_stage_s if pipelined else step.seconds
-
-    tokens = max(1, round(prompt))
-    one_prefill = cost.step(BatchShape.prefill(tokens)).seconds
-    if role != "decode" and slo.ttft_s is not None and one_prefill > slo.ttft_s:
-        return (f"{role} pool: prefill of a mean prompt ({tokens} tokens) takes "
-                f"{one_prefill * 1e3:.0f} ms alone, above the TTFT SLO")
-    k = max(1, int(sched.max_num_batched_tokens // tokens))
-    t_prefill = seconds(BatchShape.build([(tokens, 0, True)] * k)) / k
-    ctx = prompt + output / 2  # a sequence's mean context over its decode
-    b_max = max(1, min(sched.max_num_seqs, int(pool.memory.kv_capacity_tokens // ctx)))
-
-    def t_decode(b: int) -> float:
-        return seconds(BatchShape.decode(b, int(b * ctx)))
-
-    if slo.tpot_s is not None and role != "prefill" and t_decode(1) > slo.tpot_s:
-        return (f"{role} pool: one decode step of a single sequence takes "
-                f"{t_decode(1) * 1e3:.1f} ms, above the TPOT SLO")
-    # Largest batch memory and the scheduler allow: no instance decodes faster than this,
-    # whatever the SLO (a TPOT-limited batch would not be a bound: the SLO is on a
-    # percentile, so real batches may exceed it for some steps).
-    decode_s_per_request = output * t_decode(b_max) / b_max
-    if role == "prefill":
-        return 1.0 / t_prefill
-    if role == "decode":
-        return 1.0 / decode_s_per_request
-    # Colocated: chunked prefill lets decodes ride in prefill steps, so the two phases'
-    # times overlap; neither can go faster than alone.
-    return 1.0 / max(t_prefill, decode_s_per_request)
 
 
 # ----- the search -----------------------------------------------------------------------
@@ -450,13 +238,6 @@ def _row(spec: PlanSpec, cand: Candidate) -> dict[str, Any]:
     return row
 
 
-def load_plan(path: str | Path) -> PlanSpec:
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise ConfigError("expected a mapping at the top level", file=str(path))
-    return validate(PlanSpec, data, file=str(path))
-
-
 def plan(spec: PlanSpec, *, executor: str = "local", workers: int | None = None,
          scheduler: str | None = None, file: str | None = None) -> PlanResult:
     """Search the layouts of ``spec``; see the module docstring for the method."""
@@ -467,17 +248,19 @@ def plan(spec: PlanSpec, *, executor: str = "local", workers: int | None = None,
             planner.search()
         except ConfigError as exc:
             raise exc.with_file(file or "") from None
-        ranked = sorted(planner.feasible, key=lambda c: (
+        chosen = sorted(planner.feasible, key=lambda c: (
             c.cost_usd_per_hour, -c.summary.get("slo_attainment", 0.0), c.family.label(c.counts)))
-        ranked = ranked[: spec.top]
-        rows = [_row(spec, c) for c in ranked]
-        if spec.goodput_search and ranked:
-            for i, g in planner.goodputs(ranked).items():
+        chosen = chosen[: spec.top]
+        rows = [_row(spec, c) for c in chosen]
+        if spec.goodput_search and chosen:
+            for i, g in planner.goodputs(chosen).items():
                 rows[i]["goodput_rate_per_s"] = g.get("goodput_rate_per_s", math.nan)
                 rows[i]["goodput_rate_per_device"] = g.get("goodput_rate_per_device", math.nan)
     finally:
         pool.close()
-    table = pd.DataFrame(rows)
+    order = sorted(range(len(rows)), key=lambda i: rank_key(rows[i]))
+    ranked = [chosen[i] for i in order]
+    table = pd.DataFrame([rows[i] for i in order])
     if len(table):
         table.insert(0, "rank", range(1, len(table) + 1))
     rejected = pd.DataFrame(planner.rejected, columns=["family", "layout", "reason"])
@@ -485,4 +268,74 @@ def plan(spec: PlanSpec, *, executor: str = "local", workers: int | None = None,
                               for c in planner.simulated if c.summary.get("status") == "ok"])
     best = scenario_of(spec, ranked[0].family, ranked[0].counts) if ranked else None
     return PlanResult(spec, table, rejected.reset_index(drop=True), simulated, best,
-                      len(planner.feasible))
+                      len(planner.feasible), steady_state_warnings(spec, ranked))
+
+
+RANK_RULE = ("cheapest $/hour first; ties by higher goodput (the highest rate still meeting "
+             "the SLO target, when searched), then higher SLO attainment at the target rate, "
+             "then fewer devices, then the configuration's name")
+"""How the planner orders configurations; the Pareto plot breaks ties the same way."""
+
+
+def rank_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Sort key of :data:`RANK_RULE`. Costs are compared to the cent per hour, so figures
+    that differ only in float noise tie; $/1M tokens, which moves with the end-of-run drain
+    of a fixed request count, is not a criterion."""
+    goodput = row.get("goodput_rate_per_s", math.nan)
+    return (round(float(row["cost_usd_per_hour"]), 2),
+            -(goodput if isinstance(goodput, float) and math.isfinite(goodput) else -math.inf),
+            -float(row.get("slo_attainment", 0.0)), int(row["devices"]), str(row["label"]))
+
+
+def capacity_curve(ranked: pd.DataFrame) -> pd.DataFrame:
+    """Devices and $/hour needed against the request rate, from a plan's ranked table:
+    for each rate from the target up to the highest goodput found, the cheapest ranked
+    configuration whose goodput (highest rate still meeting the SLO target) covers it.
+    Columns ``rate_per_s``, ``devices``, ``cost_usd_per_hour``, ``label``; empty without a
+    goodput search. Below the target rate the plan has no answer (cheaper layouts were
+    never searched)."""
+    columns = ["rate_per_s", "devices", "cost_usd_per_hour", "label"]
+    gcol = "goodput_rate_per_s"
+    if gcol not in ranked or ranked.empty:
+        return pd.DataFrame(columns=columns)
+    table = ranked[ranked[gcol].notna()]
+    if table.empty:
+        return pd.DataFrame(columns=columns)
+    target = float(table["target_rate_per_s"].iloc[0])
+    rates = sorted({target, *(float(g) for g in table[gcol] if g >= target)})
+    rows = []
+    for rate in rates:
+        ok = table[table[gcol] >= rate - 1e-9]
+        if len(ok):
+            best = ok.sort_values(["cost_usd_per_hour", "devices"], kind="stable").iloc[0]
+            rows.append((rate, int(best["devices"]), float(best["cost_usd_per_hour"]),
+                         str(best["label"])))
+    return pd.DataFrame(rows, columns=columns)
+
+
+STEADY_STATE_SHARE = 0.2
+"""Largest share of a run's requests that may see the ramp-up or the drain."""
+
+
+def steady_state_warnings(spec: PlanSpec, ranked: list[Candidate]) -> list[str]:
+    """Runs too short to reach steady state, by Little's law: at the target rate a
+    configuration holds ``L = rate x mean E2E`` requests in flight, and about ``L``
+    requests at each end of a run arrive into a filling or a draining system; with ``N``
+    requests that is a share ``2L / N``, which should stay under :data:`STEADY_STATE_SHARE`."""
+    w = spec.workload
+    n = w.num_requests if w.num_requests is not None else (
+        spec.rate * w.duration_s if w.duration_s else None)
+    if not n or not ranked:
+        return []
+    e2e = float(ranked[0].summary.get("e2e_mean_s", math.nan))
+    if not math.isfinite(e2e):
+        return []
+    in_flight = spec.rate * e2e
+    share = 2 * in_flight / n
+    if share <= STEADY_STATE_SHARE:
+        return []
+    need = math.ceil(2 * in_flight / STEADY_STATE_SHARE)
+    return [f"{n:.0f} requests at {spec.rate:g} req/s are too few for steady state: the top "
+            f"pick holds ~{in_flight:.0f} in flight (rate x mean E2E {e2e:.2f} s), so ~"
+            f"{share:.0%} of the requests see the ramp-up or the drain; set "
+            f"workload.num_requests >= {need} for results that hold in steady state"]

@@ -19,8 +19,9 @@ from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import add_latency_columns, summarize
 from simulator.runner.budget import check_budget, estimate_run
-from simulator.runner.build import ClusterPlan, build_plan
+from simulator.runner.build import ClusterPlan, build_plan, with_resolved_precision
 from simulator.runner.checks import VLLM_CONTEXT_RULE, check_context
+from simulator.runner.progress import ProgressCallback, RunProgress, run_until
 from simulator.runner.result import RunResult
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
@@ -38,8 +39,9 @@ class Simulation:
     """Inert until :meth:`run`; building it reads profiles but writes nothing."""
 
     def __init__(self, scenario: Scenario, base_dir: Path | None = None,
-                 file: str | None = None) -> None:
+                 file: str | None = None, progress: ProgressCallback | None = None) -> None:
         self.scenario = scenario
+        self.progress = progress
         self.plan: ClusterPlan = build_plan(scenario, base_dir, file)
         check_context(scenario, self.plan.model, file)
         pools = {p.spec.name: p.spec.max_instances for p in self.plan.pools}
@@ -88,8 +90,16 @@ class Simulation:
         until: simpy.Event = workload.done
         if sc.simulation.max_time_s is not None:
             until = env.any_of([workload.done, env.timeout(sc.simulation.max_time_s)])
+        tick = None
+        if self.progress is not None:
+            callback, total = self.progress, sc.workload.num_requests
+            end = min((t for t in (sc.workload.duration_s, sc.simulation.max_time_s)
+                       if t is not None), default=None)
+
+            def tick(now: float) -> None:
+                callback(RunProgress(now, len(recorder.requests), total, end))
         try:
-            env.run(until=until)
+            run_until(env, until, tick)
         except RuntimeError as exc:  # nothing left to happen: stuck requests stay in flight
             if "No scheduled events left" not in str(exc):
                 raise
@@ -120,7 +130,8 @@ class Simulation:
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.
         sim_events = next(env._eid)
-        return RunResult(sc, requests, steps, transfers, summary, events, wall, sim_events)
+        return RunResult(with_resolved_precision(sc, plan.model), requests, steps, transfers,
+                         summary, events, wall, sim_events)
 
 
 def _admissible_tokens(cluster: Cluster) -> int:
@@ -130,10 +141,12 @@ def _admissible_tokens(cluster: Cluster) -> int:
 
 
 def run(scenario: Scenario | str | Path, *, seed: int | None = None,
-        base_dir: str | Path | None = None, file: str | None = None) -> RunResult:
+        base_dir: str | Path | None = None, file: str | None = None,
+        progress: ProgressCallback | None = None) -> RunResult:
     """Simulate a scenario (object or YAML path) and return its result.
 
-    ``file`` names the YAML the scenario came from, for error messages.
+    ``file`` names the YAML the scenario came from, for error messages; ``progress`` is
+    called with a :class:`~simulator.runner.progress.RunProgress` every few thousand events.
     """
     if not isinstance(scenario, Scenario):
         file = str(scenario)
@@ -145,4 +158,4 @@ def run(scenario: Scenario | str | Path, *, seed: int | None = None,
     base_dir = Path(base_dir) if base_dir is not None else None
     if seed is not None:
         scenario = scenario.with_(seed=seed)  # validated: a negative seed is bad input
-    return Simulation(scenario, base_dir, file).run()
+    return Simulation(scenario, base_dir, file, progress).run()

@@ -52,6 +52,7 @@ from simulator.errors import (
 )
 from simulator.runner.executors import default_workers, make_executor, sigterm_interrupts
 from simulator.runner.goodput import GoodputSpec
+from simulator.runner.labels import axis_cells, unwrap
 from simulator.runner.store import ResultStore, SweepLock, atomic_write, write_meta
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.paths import apply_updates, get_path, split_path
@@ -209,15 +210,13 @@ def _dimensions(spec: SweepSpec, file: str | None
 
 
 def _cells(points: list[dict[str, Any]], axes: list[str]) -> list[dict[str, Any]]:
-    """Axis values as table cells: numbers and strings stay, anything else becomes JSON."""
+    """Axis values as table cells: numbers and strings stay, anything else becomes a short
+    label (its own ``label:`` or one derived from the value, :mod:`simulator.runner.labels`)."""
     out: list[dict[str, Any]] = [{} for _ in points]
     for axis in axes:
-        values = [p[axis] for p in points]
-        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-        same_kind = numeric or all(isinstance(v, str) for v in values) or all(
-            isinstance(v, bool) for v in values)
-        for row, v in zip(out, values, strict=True):
-            row[axis] = v if same_kind else json.dumps(v, sort_keys=True)
+        cells = axis_cells(axis, [p[axis] for p in points])
+        for row, cell in zip(out, cells, strict=True):
+            row[axis] = cell
     return out
 
 
@@ -251,13 +250,16 @@ def expand(spec: SweepSpec, *, file: str | None = None, folder: Path | None = No
         for part in combo:
             point.update(part)
         points.append(point)
-    cells = _cells(points, axes)
+    try:
+        cells = _cells(points, axes)
+    except ConfigError as exc:
+        raise exc.with_file(file or "") from None
     goodput = spec.goodput.model_dump(mode="json") if spec.goodput else None
     tasks: list[RunTask] = []
     seen: dict[str, int] = {}
     for p, (point, cell) in enumerate(zip(points, cells, strict=True)):
         try:
-            scenario = apply_updates(base, point)
+            scenario = apply_updates(base, {k: unwrap(v) for k, v in point.items()})
         except ConfigError as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise ConfigError(f"point {p} ({shown}) is not a valid scenario: "

@@ -38,9 +38,16 @@ class ParallelismSpec(Spec):
 
 
 class PrecisionSpec(Spec):
-    weights: Precision = Field("bf16", description="Weight storage precision.")
-    activations: Precision = Field("bf16", description="Activation precision (GEMM inputs).")
-    kv_cache: Precision = Field("bf16", description="KV-cache precision.")
+    """Unset fields follow the model's released precision (`disagg-sim profiles list`):
+    DeepSeek-V3 runs fp8 weights and GEMM activations, most others bf16."""
+
+    weights: Precision | None = Field(None, description=(
+        "Weight storage precision (default: the model's released precision)."))
+    activations: Precision | None = Field(None, description=(
+        "Activation precision of GEMM inputs (default: fp8 with fp8 released weights, "
+        "else the 16-bit type)."))
+    kv_cache: Precision | None = Field(None, description=(
+        "KV-cache precision (default: the model's 16-bit type)."))
 
 
 class PlacementSpec(Spec):
@@ -54,7 +61,11 @@ class PoolSpec(Spec):
     role: Literal["colocated", "prefill", "decode"] = Field(
         "colocated", description="What the pool's instances do.")
     device: str = Field(description="Hardware profile name (see `disagg-sim profiles list`) "
-                                    "or a path to a device YAML.")
+                                    "or a path to a device YAML (relative to the scenario "
+                                    "file).")
+    device_usd_per_hour: float | None = Field(None, ge=0, description=(
+        "Price of one of this pool's devices per hour, USD (default: the device profile's "
+        "dated price); cost figures use it."))
     instances: int = Field(1, ge=1, description="Replicas (data parallel) in this pool.")
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec,  # type: ignore[arg-type]
                                          description="TP/PP/EP of each instance.")
