@@ -75,6 +75,13 @@ def test_datetime_timestamps_are_datetimes(tmp_path: Path) -> None:
     assert load_trace(tmp_path / "t.csv").times_s.tolist() == [0.0, 0.5, 3600.0]
 
 
+def test_a_blank_first_timestamp_does_not_decide_the_kind(tmp_path: Path) -> None:
+    """Row 1 with no timestamp is one bad row; the numeric rows after it stay seconds."""
+    (tmp_path / "t.csv").write_text(HEADER + ",10,2\n0,10,2\n1.5,10,2\n")
+    trace = load_trace(tmp_path / "t.csv", skip_bad_rows=True)
+    assert trace.times_s.tolist() == [0.0, 1.5]
+
+
 @pytest.mark.parametrize(("rows", "says"), [
     ("0,10,2\n1,-3,2\n", "row 2, column ContextTokens"),
     ("0,10,2\n1,10,0\n", "row 2, column GeneratedTokens"),

@@ -88,14 +88,17 @@ def _timestamps(values: pd.Series, rows: _Rows) -> np.ndarray:
     text = values.str.strip()
     numbers = pd.to_numeric(text, errors="coerce")
     numeric = numbers.notna().to_numpy()
-    first_numeric = bool(numeric[0]) if len(numeric) else True
+    # The first filled cell decides the kind (a blank first cell is a bad row of its own).
+    filled = np.flatnonzero(text.fillna("").to_numpy() != "")
+    ref = int(filled[0]) if len(filled) else 0
+    first_numeric = bool(numeric[ref]) if len(numeric) else True
     out = np.full(len(text), np.nan)
     if first_numeric:
         seconds = numbers.to_numpy(dtype=float)
         for i, x in enumerate(seconds.tolist()):
             if not numeric[i]:
                 rows.problem(i + 1, "TIMESTAMP", f"{text.iloc[i]!r} is not a number of seconds "
-                             "(row 1 gives seconds; a trace uses one kind of timestamp)")
+                             f"(row {ref + 1} gives seconds; a trace uses one kind of timestamp)")
             elif not math.isfinite(x) or abs(x) > 2**53:
                 rows.problem(i + 1, "TIMESTAMP", f"{x!r} seconds; must be finite")
             else:
@@ -104,8 +107,8 @@ def _timestamps(values: pd.Series, rows: _Rows) -> np.ndarray:
         stamps = pd.to_datetime(text.where(~numeric), errors="coerce", format="mixed", utc=True)
         for i in range(len(text)):
             if numeric[i]:
-                rows.problem(i + 1, "TIMESTAMP", f"{text.iloc[i]!r} is a number, but row 1 "
-                             "gives a datetime; a trace uses one kind of timestamp")
+                rows.problem(i + 1, "TIMESTAMP", f"{text.iloc[i]!r} is a number, but row "
+                             f"{ref + 1} gives a datetime; a trace uses one kind of timestamp")
             elif pd.isna(stamps.iloc[i]):
                 rows.problem(i + 1, "TIMESTAMP", f"{text.iloc[i]!r} is neither a number of "
                              "seconds nor a datetime (e.g. 2023-11-16 18:15:46.68)")
