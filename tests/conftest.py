@@ -5,9 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from simulator.scenario.schema import Scenario
+
+# CI draws the same examples on every run (a red CI always reproduces); a local run explores
+# new ones each time. `HYPOTHESIS_PROFILE=explore` forces exploration anywhere.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE",
+                                     "ci" if os.environ.get("CI") else "explore"))
 
 REPO = Path(__file__).resolve().parents[1]
 

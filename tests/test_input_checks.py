@@ -77,9 +77,10 @@ def test_datetime_timestamps_are_datetimes(tmp_path: Path) -> None:
 
 def test_a_blank_first_timestamp_does_not_decide_the_kind(tmp_path: Path) -> None:
     """Row 1 with no timestamp is one bad row; the numeric rows after it stay seconds."""
-    (tmp_path / "t.csv").write_text(HEADER + ",10,2\n0,10,2\n1.5,10,2\n")
-    trace = load_trace(tmp_path / "t.csv", skip_bad_rows=True)
-    assert trace.times_s.tolist() == [0.0, 1.5]
+    for first in ("", "nan", "soon"):
+        (tmp_path / "t.csv").write_text(HEADER + f"{first},10,2\n0,10,2\n1.5,10,2\n")
+        trace = load_trace(tmp_path / "t.csv", skip_bad_rows=True)
+        assert trace.times_s.tolist() == [0.0, 1.5], first
 
 
 @pytest.mark.parametrize(("rows", "says"), [

@@ -88,9 +88,10 @@ def _timestamps(values: pd.Series, rows: _Rows) -> np.ndarray:
     text = values.str.strip()
     numbers = pd.to_numeric(text, errors="coerce")
     numeric = numbers.notna().to_numpy()
-    # The first filled cell decides the kind (a blank first cell is a bad row of its own).
-    filled = np.flatnonzero(text.fillna("").to_numpy() != "")
-    ref = int(filled[0]) if len(filled) else 0
+    stamps = pd.to_datetime(text.where(~numeric), errors="coerce", format="mixed", utc=True)
+    # The first readable cell decides the kind; unreadable ones before it are bad rows.
+    readable = np.flatnonzero(numeric | stamps.notna().to_numpy())
+    ref = int(readable[0]) if len(readable) else 0
     first_numeric = bool(numeric[ref]) if len(numeric) else True
     out = np.full(len(text), np.nan)
     if first_numeric:
@@ -104,7 +105,6 @@ def _timestamps(values: pd.Series, rows: _Rows) -> np.ndarray:
             else:
                 out[i] = x
     else:
-        stamps = pd.to_datetime(text.where(~numeric), errors="coerce", format="mixed", utc=True)
         for i in range(len(text)):
             if numeric[i]:
                 rows.problem(i + 1, "TIMESTAMP", f"{text.iloc[i]!r} is a number, but row "
