@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
-
-import os
 
 import pytest
 from hypothesis import settings
