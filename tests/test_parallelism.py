@@ -130,7 +130,9 @@ def test_deepseek_v3_fp8_on_8xh200_runs() -> None:
 
 
 def test_oversize_configuration_names_device_need_and_fix() -> None:
-    sc = make_scenario(**{"model": "DeepSeek-V3", "cluster.pools.main.parallelism": {"tp": 8}})
+    # bf16 weights (DeepSeek-V3 is released in fp8; the default would follow that)
+    sc = make_scenario(**{"model": "DeepSeek-V3", "cluster.pools.main.parallelism": {"tp": 8},
+                          "precision.weights": "bf16"})
     with pytest.raises(ConfigError) as exc:
         Simulation(sc)
     msg = str(exc.value)
