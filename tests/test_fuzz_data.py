@@ -107,7 +107,7 @@ def csv_traces(draw: Any) -> tuple[list[list[str]], set[int], str]:
     """Rows of cells, the data rows (1-based) that are bad, and the file's encoding."""
     n = draw(st.integers(1, 40))
     rows, bad = [], set()
-    broken_rows = set(draw(st.lists(st.integers(1, n), max_size=3))) if draw(
+    broken_rows = set(draw(st.lists(st.integers(1, n), min_size=1, max_size=3))) if draw(
         st.booleans()) else set()
     for i in range(1, n + 1):
         broken = i in broken_rows

@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from simulator.cli import main
-from simulator.engine.traces import load_trace
+from simulator.engine.workload import load_trace
 from simulator.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError
 from simulator.models import from_hf_config, get_model
+from tests.conftest import REPO
 from tests.test_exit_codes import SMALL, exit_code, scenario
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -291,3 +292,25 @@ def test_hf_config_with_wrong_types(tmp_path: Path, key: str, value: Any) -> Non
 def test_small_scenario_still_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert SMALL["model"] == "Llama-3.1-8B"
     assert _run(["run", str(scenario(tmp_path))]) == EXIT_OK
+
+
+@pytest.mark.parametrize("command", ["sweep", "plan"])
+@pytest.mark.parametrize("where", ["a-file", "a-file/below", "/proc/disagg-sim-out"])
+def test_sweep_and_plan_out_at_unwritable_places(tmp_path: Path, command: str, where: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """These were internal errors (FileExistsError, NotADirectoryError)."""
+    (tmp_path / "a-file").write_text("keep")
+    out = where if where.startswith("/") else str(tmp_path / where)
+    if command == "sweep":
+        spec = {"base": SMALL, "grid": {"workload.arrival.rate_per_s": [1, 2]}}
+        path = tmp_path / "sweep.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        argv = ["sweep", str(path), "--out", out, "--workers", "1"]
+    else:
+        argv = ["plan", str(REPO / "scenarios/plans/llama8b_chat.yaml"), "--out", out]
+    code = _run(argv)
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT, err
+    assert "--out" in err
+    assert "internal error" not in err
+    assert (tmp_path / "a-file").read_text() == "keep"

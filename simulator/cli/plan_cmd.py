@@ -40,6 +40,10 @@ def plan(
     from simulator.runner.planner import plan as run_plan
 
     spec = load_plan(plan_file)
+    if out is not None:  # before the search, not after it
+        from simulator.runner.store import writable_folder
+
+        writable_folder(out)
     console = make_console()
     targets = ", ".join(f"{k} <= {v:g} s" for k, v in spec.slo.model_dump().items() if v)
     console.print(f"plan {spec.name}: {spec.model} at {spec.rate:g} req/s, SLO attainment >= "

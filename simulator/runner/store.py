@@ -27,6 +27,21 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
+def writable_folder(path: Path, key: str = "--out") -> None:
+    """Make the results folder (and its parents) or fail with one line naming it."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError("is a file; give a folder (created if missing)", file=str(path),
+                          key=key)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write here ({exc.strerror or exc}); choose a writable "
+                          "folder", file=str(path), key=key) from None
+
+
 class ResultStore:
     """``OUT/runs/<id>.json`` per finished run; ``OUT/results.parquet`` rebuilt from them."""
 

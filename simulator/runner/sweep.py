@@ -27,6 +27,7 @@ and transfer frames go to ``runs/<id>/``.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -53,7 +54,13 @@ from simulator.errors import (
 from simulator.runner.executors import default_workers, make_executor, sigterm_interrupts
 from simulator.runner.goodput import GoodputSpec
 from simulator.runner.labels import axis_cells, unwrap
-from simulator.runner.store import ResultStore, SweepLock, atomic_write, write_meta
+from simulator.runner.store import (
+    ResultStore,
+    SweepLock,
+    atomic_write,
+    writable_folder,
+    write_meta,
+)
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.paths import apply_updates, get_path, split_path
 from simulator.scenario.schema import Scenario
@@ -162,8 +169,10 @@ def _check_path(data: dict[str, Any], path: str, key: str) -> None:
         where = ".".join(segments[:depth]) or "the scenario"
         if isinstance(node, dict):
             if segment not in node:
+                close = difflib.get_close_matches(segment, [str(k) for k in node], n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
                 raise ConfigError(f"unknown path {path!r}: {where} has no key {segment!r}; "
-                                  f"keys there: {', '.join(node)}", key=key)
+                                  f"{hint}keys there: {', '.join(node)}", key=key)
             node = node[segment]
         elif isinstance(node, list):
             try:
@@ -352,6 +361,7 @@ def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "lo
     """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
+    writable_folder(Path(out))
     with SweepLock(Path(out)), sigterm_interrupts():
         return _run_locked(sweep, out, executor, workers, scheduler, retry_failed, progress)
 
