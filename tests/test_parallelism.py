@@ -137,7 +137,7 @@ def test_oversize_configuration_names_device_need_and_fix() -> None:
         Simulation(sc)
     msg = str(exc.value)
     assert "DeepSeek-V3 does not fit on H100-SXM with tp=8 pp=1" in msg
-    assert "GB of fp8 weights" in msg  # the released precision is the default
+    assert "GB of bf16 weights" in msg
     assert "GB usable" in msg
     assert "raise tp or pp" in msg
 
