@@ -121,3 +121,29 @@ def test_fp8_weights_halve_weight_stream() -> None:
     a = bf.step(BatchShape.decode(1, 100))
     b = f8.step(BatchShape.decode(1, 100))
     assert b.memory_s == pytest.approx(a.memory_s / 2, rel=0.1)
+
+
+def test_ep_with_tp_attention_sends_nothing_beyond_the_all_reduces() -> None:
+    """vLLM --enable-expert-parallel without DP: experts combine through the TP all-reduce.
+
+    DeepSeek-V3 TP8 on H200, decode b=64: EP8 must not pay dispatch/combine all-to-alls,
+    so its communication equals EP1's and its step is no slower (same expert bytes read).
+    """
+    v3, h200 = get_model("DeepSeek-V3"), load_device("H200-SXM")
+    batch = BatchShape.decode(64, 64 * 1024)
+    steps = {}
+    for ep in (1, 8):
+        cm = InstanceCostModel(v3, h200, Parallelism(tp=8, ep=ep), Precisions(weights="fp8"),
+                               LinkSet(tp=NVL, ep=NVL if ep > 1 else None))
+        steps[ep] = cm.step(batch)
+    assert steps[8].communication_s == pytest.approx(steps[1].communication_s, rel=1e-12)
+    assert steps[8].seconds <= steps[1].seconds
+
+
+def test_moe_exchange_only_with_data_parallel_attention() -> None:
+    from simulator.cost.collectives import alltoall_time, moe_token_exchange_time
+
+    assert moe_token_exchange_time("tp", 1e6, 8, NVL) == 0.0
+    assert moe_token_exchange_time("dp", 1e6, 8, NVL) == pytest.approx(
+        2 * alltoall_time(1e6, 8, NVL))
+    assert moe_token_exchange_time("dp", 1e6, 1, NVL) == 0.0

@@ -14,7 +14,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from simulator.cost.batch import BatchShape
-from simulator.cost.collectives import allreduce_time, alltoall_time, p2p_time
+from simulator.cost.collectives import (
+    allreduce_time,
+    moe_token_exchange_time,
+    p2p_time,
+)
 from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.roofline import op_time
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
@@ -334,10 +338,10 @@ class InstanceCostModel:
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts
         self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1)
-        if par.ep > 1 and self.links.ep is not None:
-            # Dispatch and combine: each rank sends its share of routed token copies.
-            per_rank = routed / par.ep * h * self._ab
-            acc.comm += 2 * alltoall_time(per_rank, par.ep, self.links.ep) * count
+        # Instances run TP attention, so the layer's all-reduce already combines the experts'
+        # outputs; data-parallel attention (dispatch/combine all-to-alls) is not built yet.
+        per_rank = routed / par.ep * h * self._ab
+        acc.comm += moe_token_exchange_time("tp", per_rank, par.ep, self.links.ep) * count
 
     def _lm_head(self, acc: _Acc, b: BatchShape) -> None:
         m, t = self.model, self.parallelism.tp
