@@ -108,10 +108,21 @@ def test_memory_plan_kv_capacity() -> None:
                       runtime_reserve_gib=1.5,
                       kv_elements_per_token_per_layer_device=cm.kv_elements_per_token_per_layer_device())
     assert mem.weight_bytes == pytest.approx(M8.weight_bytes("bf16"), rel=1e-6)
-    expected = (72e9 - mem.weight_bytes - mem.activation_bytes) / (128 * 1024)
+    expected = (0.9 * 79.1 * 2**30 - mem.weight_bytes - mem.activation_bytes) / (128 * 1024)
     assert mem.kv_capacity_tokens == pytest.approx(expected, abs=16)
     assert mem.kv_capacity_tokens % 16 == 0
     assert 350_000 < mem.kv_capacity_tokens < 450_000
+
+
+def test_kv_capacity_uses_the_binary_capacity_the_runtime_sees() -> None:
+    """Llama-3.1-70B TP8 on H100 at 0.9: ~1.38 M KV tokens (79.1 GiB), not 1.27 M (80e9 B)."""
+    cm = InstanceCostModel(M70, H100, Parallelism(tp=8), links=LinkSet(tp=NVL))
+    mem = plan_memory(M70, H100, Parallelism(tp=8), Precisions(), memory_utilization=0.9,
+                      block_size=16, max_batched_tokens=8192, max_seqs=256,
+                      runtime_reserve_gib=1.5,
+                      kv_elements_per_token_per_layer_device=cm.kv_elements_per_token_per_layer_device())
+    assert mem.capacity_bytes == pytest.approx(79.1 * 2**30)
+    assert mem.kv_capacity_tokens == pytest.approx(1.38e6, rel=0.01)
 
 
 def test_fp8_weights_halve_weight_stream() -> None:

@@ -22,11 +22,11 @@ def list_profiles() -> None:
 
     console = Console()
     t = Table(title="Devices")
-    for col in ("name", "memory", "GB", "GB/s", "bf16 TFLOP/s", "fp8", "fp4", "$/h"):
+    for col in ("name", "memory", "GiB", "GB/s", "bf16 TFLOP/s", "fp8", "fp4", "$/h"):
         t.add_column(col)
     for name in device_names():
         d = load_device(name)
-        t.add_row(d.name, d.memory_kind, f"{d.memory_capacity_gb:g}",
+        t.add_row(d.name, d.memory_kind, f"{d.memory_capacity_gib:g}",
                   f"{d.memory_bandwidth_gb_per_s:g}", f"{d.peak_tflops.get('bf16', 0):g}",
                   f"{d.peak_tflops.get('fp8', 0):g}", f"{d.peak_tflops.get('fp4', 0):g}",
                   f"{d.price.usd_per_hour:g}" if d.price else "-")

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simulator.units import Precision
+from simulator.units import GIB, Precision
 
 
 class _Frozen(BaseModel):
@@ -100,7 +100,13 @@ class DeviceProfile(_Frozen):
     peak_tflops: dict[Precision, float] = Field(
         description="Dense (non-sparse) peak tensor rate per precision, TFLOP/s (TOP/s for int)."
     )
-    memory_capacity_gb: float = Field(gt=0, description="Memory per device, GB (1e9 bytes).")
+    memory_capacity_gib: float = Field(
+        gt=0, description=(
+            "Memory per device as the runtime sees it, GiB (2**30 bytes): the total CUDA/ROCm "
+            "reports, which serving engines multiply by their memory fraction. An '80 GB' "
+            "H100 is 80 GiB of HBM of which the runtime sees about 79.1 GiB."))
+    memory_capacity_source: str = Field(
+        description="Where the capacity comes from (driver/runtime report, datasheet).")
     memory_bandwidth_gb_per_s: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
     l2_cache_mb: float | None = Field(None, ge=0, description="Last-level cache, MB.")
     kernel_launch_us: float = Field(
@@ -123,6 +129,16 @@ class DeviceProfile(_Frozen):
     notes: str | None = Field(None, description="Caveats: uncertain figures, assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_decimal_capacity(cls, data: object) -> object:
+        if isinstance(data, dict) and "memory_capacity_gb" in data:
+            raise ValueError(
+                "memory_capacity_gb is no longer read: give memory_capacity_gib (binary GiB, "
+                "as the runtime reports it, e.g. 79.1 for an 80 GB H100) and "
+                "memory_capacity_source")
+        return data
+
     @model_validator(mode="after")
     def _has_a_rate(self) -> DeviceProfile:
         if not self.peak_tflops:
@@ -141,7 +157,7 @@ class DeviceProfile(_Frozen):
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_capacity_gb * 1e9
+        return self.memory_capacity_gib * GIB
 
     @property
     def memory_bandwidth(self) -> float:

@@ -23,6 +23,7 @@ from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, Scenario
+from simulator.units import GIB
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,9 @@ def memory_error(model: ModelConfig, dev: DeviceProfile, par: Parallelism, mem: 
     need = mem.weight_bytes + mem.activation_bytes
     return (
         f"{model.name} does not fit on {dev.name} with tp={par.tp} pp={par.pp}: each device "
-        f"needs {mem.weight_bytes / 1e9:.1f} GB of {precision} weights + "
-        f"{mem.activation_bytes / 1e9:.1f} GB activations/runtime = {need / 1e9:.1f} GB, "
-        f"but has {mem.usable_bytes / 1e9:.1f} GB usable ({dev.memory_capacity_gb:g} GB x "
+        f"needs {mem.weight_bytes / GIB:.1f} GiB of {precision} weights + "
+        f"{mem.activation_bytes / GIB:.1f} GiB activations/runtime = {need / GIB:.1f} GiB, "
+        f"but has {mem.usable_bytes / GIB:.1f} GiB usable ({dev.memory_capacity_gib:g} GiB x "
         f"{util:g}); raise tp or pp, use lower-precision weights, or a larger device"
     )
 
@@ -305,7 +306,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                                  file=file, key=f"{key}.parallelism")
         if mem.kv_capacity_blocks < 1:
             raise MemoryFitError(
-                f"no room for KV cache on {dev.name}: {mem.kv_bytes / 1e9:.2f} GB left after "
+                f"no room for KV cache on {dev.name}: {mem.kv_bytes / GIB:.2f} GiB left after "
                 f"weights and activations; raise tp or pp, lower max_num_batched_tokens, or "
                 f"use a larger device", file=file, key=f"{key}.parallelism")
         if max_prompt is not None and pool.role != "prefill" and max_prompt + 1 > mem.kv_capacity_tokens:
