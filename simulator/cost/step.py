@@ -19,7 +19,7 @@ from simulator.cost.collectives import (
     moe_token_exchange_time,
     p2p_time,
 )
-from simulator.cost.parallel import Parallelism, Precisions
+from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import op_time
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.models.arch import ModelConfig
@@ -67,13 +67,26 @@ class _Acc:
     memory: float = 0.0
     comm: float = 0.0
     launch: float = 0.0
+    ops: dict[str, float] | None = None
+    """Seconds per operator family, kept only when a breakdown is asked for."""
+    launch_scale: float = 1.0
+    """Share of launch cost the step keeps (CUDA graphs), applied to ``ops`` only."""
 
-    def add_op(self, t_compute: float, t_memory: float, t_launch: float, times: float) -> None:
+    def add_op(self, t_compute: float, t_memory: float, t_launch: float, times: float,
+               label: str = "other") -> None:
         if t_compute >= t_memory:
             self.compute += t_compute * times
         else:
             self.memory += t_memory * times
         self.launch += t_launch * times
+        if self.ops is not None:
+            self.ops[label] = self.ops.get(label, 0.0) + (
+                max(t_compute, t_memory) + t_launch * self.launch_scale) * times
+
+    def add_comm(self, seconds: float, label: str) -> None:
+        self.comm += seconds
+        if self.ops is not None:
+            self.ops[label] = self.ops.get(label, 0.0) + seconds
 
     @property
     def total(self) -> float:
@@ -118,8 +131,8 @@ class InstanceCostModel:
         self._ab = bytes_per_element(self.precisions.activations)
         self._kvb = bytes_per_element(self.precisions.kv_cache)
         self._cp = compute_precision(self.precisions.weights, self.precisions.activations)
-        self._stage_layers = _split_layers(m.num_layers, par.pp, par.balanced_stages)
-        self._stage_moe = _stage_moe_layers(m, self._stage_layers)
+        self._stage_layers = split_layers(m.num_layers, par.pp, par.balanced_stages)
+        self._stage_moe = stage_moe_layers(m, self._stage_layers)
         self._decode_base: dict[int, StepCost] = {}
         # Per-device constants of the roofline, looked up once (pricing runs every step).
         dev, eff = self.device, self.device.efficiency
@@ -134,6 +147,13 @@ class InstanceCostModel:
         self._attn_out = m.q_width / t + m.attn_out_width / t
         self._ffn_params = m.ffn_params(m.intermediate_size) / t
         self._ffn_width = m.intermediate_size / t
+        # (n, k) of each GEMM per device, for predictors that look shapes up in tables.
+        h = m.hidden_size
+        self._ffn_shapes = ((2 * self._ffn_width, h), (h, self._ffn_width))
+        self._attn_shapes: tuple[tuple[float, float], ...] | None = None
+        if m.attention != "mla":
+            qkv = m.q_width / t + 2 * self.kv_heads_per_device * m.head_dim
+            self._attn_shapes = ((qkv, h), (h, m.attn_out_width / t))
 
     # ----- per-device shapes -------------------------------------------------------
     @property
@@ -164,6 +184,18 @@ class InstanceCostModel:
     # ----- the step ------------------------------------------------------------------
     def step(self, batch: BatchShape) -> StepCost:
         return self._step(batch, decode_attention=True)
+
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds of one step per operator family (summed over layers and stages).
+
+        Launch costs are included per operator before CUDA-graph scaling; the host
+        overhead is listed as ``host``.
+        """
+        ops: dict[str, float] = {}
+        self._step(batch, decode_attention=True, ops=ops)
+        ops["host"] = self.step_overhead_s + self.per_sequence_overhead_s * (
+            batch.prefill_seqs + batch.decode_seqs)
+        return ops
 
     def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
         """Seconds and bound codes of consecutive decode-only steps of ``seqs`` sequences.
@@ -217,7 +249,8 @@ class InstanceCostModel:
         nbytes = ctx * kv_elems * self._kvb + seqs * io_width * self._ab
         return flops, nbytes
 
-    def _step(self, batch: BatchShape, *, decode_attention: bool) -> StepCost:
+    def _step(self, batch: BatchShape, *, decode_attention: bool,
+              ops: dict[str, float] | None = None) -> StepCost:
         if batch.is_empty:
             return StepCost(self.step_overhead_s, (0.0,), 0.0, 0.0, 0.0, self.step_overhead_s)
         launch_scale = self.graph_launch_factor if batch.prefill_tokens == 0 else 1.0
@@ -233,20 +266,24 @@ class InstanceCostModel:
             mix = (layers, moe_layers)
             body = by_mix.get(mix)
             if body is None:
-                body = _Acc()
+                body = _Acc(ops={} if ops is not None else None, launch_scale=launch_scale)
                 self._layers(body, batch, layers - moe_layers, moe=False,
                              decode_attention=decode_attention)
                 if moe_layers:
                     self._layers(body, batch, moe_layers, moe=True,
                                  decode_attention=decode_attention)
                 by_mix[mix] = body
-            acc = _Acc(body.compute, body.memory, body.comm, body.launch)
+            acc = _Acc(body.compute, body.memory, body.comm, body.launch,
+                       dict(body.ops) if body.ops is not None else None, launch_scale)
             if index == last:
                 self._lm_head(acc, batch)
             if index < last and self.links.pp is not None:
-                acc.comm += p2p_time(batch.tokens * self.model.hidden_size * self._ab,
-                                     self.links.pp)
+                acc.add_comm(p2p_time(batch.tokens * self.model.hidden_size * self._ab,
+                                      self.links.pp), "pp_p2p")
             acc.launch *= launch_scale
+            if ops is not None and acc.ops is not None:
+                for label, seconds in acc.ops.items():
+                    ops[label] = ops.get(label, 0.0) + seconds
             stages.append(acc.total)
             total.compute += acc.compute
             total.memory += acc.memory
@@ -263,23 +300,35 @@ class InstanceCostModel:
         )
 
     # ----- operators -----------------------------------------------------------------
-    def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float) -> None:
-        """The roofline of one operator (``op_time``), added ``times`` times to ``acc``."""
+    def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
+            label: str = "other", key: Any = None) -> None:
+        """The roofline of one operator (``op_time``), added ``times`` times to ``acc``.
+
+        ``key`` describes the operator's shape for predictors that look it up in measured
+        tables (:class:`simulator.cost.predictor.TablePredictor`); the roofline ignores it.
+        """
         if not self._flat:
             t = op_time(self.device, self._cp, flops, nbytes, kernels)
-            acc.add_op(t.compute_s, t.memory_s, t.launch_s, times)
+            acc.add_op(t.compute_s, t.memory_s, t.launch_s, times, label)
             return
         compute = flops / (self._peak * self._eta_c) if flops else 0.0
         memory = nbytes / (self._bw * self._eta_m) if nbytes else 0.0
-        acc.add_op(compute, memory, kernels * self._launch, times)
+        acc.add_op(compute, memory, kernels * self._launch, times, label)
 
     def _gemm(self, acc: _Acc, tokens: int, params: float, out_width: float,
-              in_width: float, times: float, kernels: int = 1) -> None:
+              in_width: float, times: float, kernels: int = 1, label: str = "gemm",
+              shapes: tuple[tuple[float, float], ...] | None = None) -> None:
+        """A group of GEMMs sharing ``tokens`` rows; ``shapes`` lists each one's (n, k)."""
         if tokens <= 0 or times <= 0:
             return
         flops = 2.0 * tokens * params
         nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
-        self._op(acc, flops, nbytes, kernels, times)
+        self._op(acc, flops, nbytes, kernels, times, label,
+                 (tokens, shapes) if shapes is not None else None)
+
+    def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
+        if self.links.tp is not None:
+            acc.add_comm(allreduce_time(nbytes, ranks, self.links.tp) * times, "allreduce")
 
     def _layers(self, acc: _Acc, b: BatchShape, count: float, *, moe: bool,
                 decode_attention: bool = True) -> None:
@@ -288,20 +337,21 @@ class InstanceCostModel:
         m, par = self.model, self.parallelism
         t, h, tokens = par.tp, m.hidden_size, b.tokens
         # Attention projections (QKV + output) as one weight-streaming group of GEMMs.
-        self._gemm(acc, tokens, self._attn_params, self._attn_out, 2 * h, count, kernels=2)
+        self._gemm(acc, tokens, self._attn_params, self._attn_out, 2 * h, count, kernels=2,
+                   label="gemm_attention", shapes=self._attn_shapes)
         self._attention(acc, b, count, decode_attention)
         if moe:
             self._moe(acc, b, count)
         else:
             self._gemm(acc, tokens, self._ffn_params, 2 * self._ffn_width, 2 * h, count,
-                       kernels=2)
+                       kernels=2, label="gemm_ffn", shapes=self._ffn_shapes)
         # Norms, residual adds, rotary, activation: bandwidth-bound elementwise kernels.
         ffn_width = (m.moe_intermediate_size * m.num_experts_per_token if moe
                      else m.intermediate_size) / t
         elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
-        self._op(acc, 0.0, elem_bytes, 3, count)
-        if t > 1 and self.links.tp is not None:
-            acc.comm += 2 * allreduce_time(tokens * h * self._ab, t, self.links.tp) * count
+        self._op(acc, 0.0, elem_bytes, 3, count, "elementwise")
+        if t > 1:
+            self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
 
     def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
         m, t = self.model, self.parallelism.tp
@@ -315,10 +365,10 @@ class InstanceCostModel:
                 per_pair = 4 * heads * m.head_dim
             flops = per_pair * b.prefill_attn_pairs
             nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
-            self._op(acc, flops, nbytes, 1, count)
+            self._op(acc, flops, nbytes, 1, count, "attention_prefill", b)
         if b.decode_seqs and decode:
             flops, nbytes = self._decode_attention_work(b.decode_seqs, b.decode_ctx_tokens)
-            self._op(acc, flops, nbytes, 1, count)
+            self._op(acc, flops, nbytes, 1, count, "attention_decode", b)
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism
@@ -333,37 +383,23 @@ class InstanceCostModel:
         width = m.moe_intermediate_size / par.expert_tp
         flops = 2.0 * tokens_here * expert_params
         nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
-        self._op(acc, flops, nbytes, 2, count)
+        self._op(acc, flops, nbytes, 2, count, "moe", tokens)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts
-        self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1)
+        self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1,
+                   label="gemm_moe_dense")
         # Instances run TP attention, so the layer's all-reduce already combines the experts'
         # outputs; data-parallel attention (dispatch/combine all-to-alls) is not built yet.
         per_rank = routed / par.ep * h * self._ab
-        acc.comm += moe_token_exchange_time("tp", per_rank, par.ep, self.links.ep) * count
+        exchange = moe_token_exchange_time("tp", per_rank, par.ep, self.links.ep) * count
+        if exchange:
+            acc.add_comm(exchange, "moe_alltoall")
 
     def _lm_head(self, acc: _Acc, b: BatchShape) -> None:
         m, t = self.model, self.parallelism.tp
         if b.logits_seqs <= 0:
             return
         params = m.vocab_size * m.hidden_size / t
-        self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1)
-
-
-def _split_layers(layers: int, pp: int, balanced: bool = False) -> list[float]:
-    """Layers per stage: whole layers (earlier stages take the remainder), or equal shares."""
-    if balanced:
-        return [layers / pp] * pp
-    base, extra = divmod(layers, pp)
-    return [float(base + (1 if i < extra else 0)) for i in range(pp)]
-
-
-def _stage_moe_layers(model: ModelConfig, stage_layers: list[float]) -> list[float]:
-    out, start = [], 0.0
-    for n in stage_layers:
-        end = start + n
-        dense = max(0.0, min(end, model.first_dense_layers) - start) if model.is_moe else n
-        out.append(n - dense)
-        start = end
-    return out
+        self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1,
+                   label="lm_head", shapes=((m.vocab_size / t, m.hidden_size),))

@@ -109,6 +109,9 @@ class DeviceProfile(_Frozen):
         description="Where the capacity comes from (driver/runtime report, datasheet).")
     memory_bandwidth_gb_per_s: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
     l2_cache_mb: float | None = Field(None, ge=0, description="Last-level cache, MB.")
+    kernel_tables: str | None = Field(None, description=(
+        "System name of this device in NVIDIA AIConfigurator's measured kernel tables "
+        "(`h100_sxm`, ...), used by `cost.predictor: tables`; unset where none exist."))
     kernel_launch_us: float = Field(
         ge=0, description="Fixed cost per kernel (launch + tail), microseconds."
     )

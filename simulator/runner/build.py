@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.cost.parallel import Parallelism, Precisions
@@ -256,6 +257,26 @@ def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineP
     return out
 
 
+def _predictor(scenario: Scenario, dev: DeviceProfile, engine: str,
+               file: str | None) -> tuple[type[InstanceCostModel], dict[str, Any]]:
+    """The step-time predictor ``cost.predictor`` selects, with its keyword arguments."""
+    spec = scenario.cost
+    if spec.predictor == "roofline":
+        return InstanceCostModel, {}
+    from simulator.cost.predictor import TablePredictor
+    from simulator.runner.kernel_tables import load_tables
+
+    if dev.kernel_tables is None:
+        raise ConfigError(f"device {dev.name} has no measured kernel tables (its profile sets no "
+                          "kernel_tables); use predictor: roofline for it", file=file,
+                          key="cost.predictor")
+    try:
+        tables = load_tables(dev.kernel_tables, engine, spec.tables_version)
+    except ConfigError as exc:
+        raise _keyed(exc, file, "cost.predictor") from None
+    return TablePredictor, {"tables": tables}
+
+
 def build_plan(scenario: Scenario, base_dir: Path | None = None,
                file: str | None = None) -> ClusterPlan:
     base_dir = base_dir or Path.cwd()
@@ -288,15 +309,17 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         pool_places = placements[cursor: cursor + pool.max_instances]
         cursor += pool.max_instances
         costs: list[InstanceCostModel] = []
+        predictor_class, tables = _predictor(scenario, dev, engine.name, file)
         for place_ in pool_places:
             links = instance_links(place_, par, file, key)
             try:
-                costs.append(InstanceCostModel(
+                costs.append(predictor_class(
                     model, dev, par, r.precisions, links,
                     step_overhead_s=engine.step_overhead_us * 1e-6,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
                     moe_imbalance=pool.moe_imbalance,
+                    **tables,
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
