@@ -21,7 +21,6 @@ import numpy as np
 
 from simulator.cost.batch import BatchShape
 from simulator.cost.parallel import Parallelism
-from simulator.cost.roofline import op_time
 from simulator.cost.step import DecodeSeries, InstanceCostModel, StepCost, _Acc
 from simulator.cost.tables import KernelTables
 
@@ -110,19 +109,19 @@ class TablePredictor(InstanceCostModel):
         self._heads = m.num_attention_heads // t if m.num_attention_heads % t == 0 else None
         self._kv_dtype = _TABLE_DTYPES.get(self.precisions.kv_cache, self.precisions.kv_cache)
         self._gemm_dtype = _TABLE_DTYPES.get(self._cp, self._cp)
-        self._flat = False  # every operator goes through _op, where tables are consulted
 
     # ----- operator hook ---------------------------------------------------------------
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
-            label: str = "other", key: Any = None) -> None:
-        rt = op_time(self.device, self._cp, flops, nbytes, kernels)
+            label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0) -> None:
+        compute, memory, launch = self._roofline(label, flops, nbytes, kernels, units, rows)
         measured = self._lookup(label, key) if key is not None else None
         if measured is None:
-            acc.add_op(rt.compute_s, rt.memory_s, rt.launch_s, times, label)
-            self.provenance.fell_back(label, _describe(label, key), rt.seconds * times)
+            acc.add_op(compute, memory, launch, times, label)
+            self.provenance.fell_back(label, _describe(label, key),
+                                      (max(compute, memory) + launch) * times)
             return
         # The table's time replaces the roofline's; its bound keeps the roofline's label.
-        if rt.compute_s >= rt.memory_s:
+        if compute >= memory:
             acc.add_op(measured, 0.0, 0.0, times, label)
         else:
             acc.add_op(0.0, measured, 0.0, times, label)
@@ -209,7 +208,8 @@ def predictor_summary(predictors: list[Any]) -> dict[str, Any]:
     """Run-summary entries of the predictors of a run's instances."""
     tables = [p for p in predictors if isinstance(p, TablePredictor)]
     if not tables:
-        return {"cost_predictor": "roofline"}
+        fitted = any(getattr(p, "fitted", False) for p in predictors)
+        return {"cost_predictor": "fitted" if fitted else "roofline"}
     total = Provenance()
     for p in tables:
         total.merge(p.provenance)

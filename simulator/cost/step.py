@@ -21,7 +21,7 @@ from simulator.cost.collectives import (
 )
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import op_time
-from simulator.hardware.profiles import DeviceProfile, LinkProfile
+from simulator.hardware.profiles import DeviceProfile, LinkProfile, OperatorFit
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
 
@@ -117,6 +117,11 @@ class InstanceCostModel:
     """Share of kernel-launch cost left in decode-only steps that replay CUDA graphs."""
     moe_imbalance: float = 1.0
     """Tokens on the busiest expert device relative to a uniform split (>= 1)."""
+    engine: str | None = None
+    """Serving engine whose fitted per-operator constants (``device.operators``) apply."""
+    fitted: bool = False
+    """Price operators with the device's fitted per-operator constants and the engine's
+    measured all-reduce (``cost.predictor: fitted``); else the device-wide factors."""
 
     def __post_init__(self) -> None:
         m, par = self.model, self.parallelism
@@ -147,6 +152,9 @@ class InstanceCostModel:
         self._attn_out = m.q_width / t + m.attn_out_width / t
         self._ffn_params = m.ffn_params(m.intermediate_size) / t
         self._ffn_width = m.intermediate_size / t
+        self._fits = self._operator_fits() if self.fitted else {}
+        self._ar_curves = dev.allreduce_curves(self.engine) if self.fitted else {}
+        self._peak16 = dev.peak_flops("bf16")
         # (n, k) of each GEMM per device, for predictors that look shapes up in tables.
         h = m.hidden_size
         self._ffn_shapes = ((2 * self._ffn_width, h), (h, self._ffn_width))
@@ -154,6 +162,24 @@ class InstanceCostModel:
         if m.attention != "mla":
             qkv = m.q_width / t + 2 * self.kv_heads_per_device * m.head_dim
             self._attn_shapes = ((qkv, h), (h, m.attn_out_width / t))
+
+    def _operator_fits(self) -> dict[str, OperatorFit]:
+        """Fitted roofline per operator label (labels without a fit use device-wide factors)."""
+        fits = self.device.operator_fits(self.engine)
+        low = {"fp8": "_fp8", "fp4": "_fp4"}.get(self._cp, "")
+        out: dict[str, OperatorFit] = {}
+        gemm = fits.get(f"gemm{low}") if low or self._cp in ("bf16", "fp16") else None
+        if gemm is not None:
+            for label in ("gemm_attention", "gemm_ffn", "gemm_moe_dense", "lm_head"):
+                out[label] = gemm
+        if self.model.attention != "mla":  # MLA kernels are not in the fitted families
+            for label in ("attention_prefill", "attention_decode"):
+                if label in fits:
+                    out[label] = fits[label]
+        moe = fits.get("moe_fp8" if low == "_fp8" else "moe" if not low else "")
+        if moe is not None:
+            out["moe"] = moe
+        return out
 
     # ----- per-device shapes -------------------------------------------------------
     @property
@@ -216,7 +242,17 @@ class InstanceCostModel:
         flops, nbytes = self._decode_attention_work(seqs, ctx)
         dev = self.device
         eff = dev.efficiency
-        if eff.compute_curve is None and eff.memory_curve is None:
+        fit = self._fits.get("attention_decode")
+        launch = dev.kernel_launch_us * 1e-6 * self.graph_launch_factor * layers
+        if fit is not None:
+            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes,
+                                        seqs * self.kv_heads_per_device)
+            fixed = fit.fixed(seqs * self.model.num_attention_heads / self.parallelism.tp)
+            on_compute = compute >= memory
+            compute = np.where(on_compute, compute + fixed, compute)
+            memory = np.where(on_compute, memory, memory + fixed)
+            launch = 0.0
+        elif eff.compute_curve is None and eff.memory_curve is None:
             # Constant efficiencies: both terms are affine in ctx, one division each.
             compute = flops * (1.0 / (dev.peak_flops(self._cp) * eff.eta_compute(1.0, self._cp)))
             memory = nbytes * (1.0 / (dev.memory_bandwidth * eff.memory))
@@ -224,7 +260,6 @@ class InstanceCostModel:
             peak = dev.peak_flops(self._cp)
             compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops, self._cp)), 0.0)
             memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
-        launch = dev.kernel_launch_us * 1e-6 * self.graph_launch_factor * layers
         is_compute = compute >= memory
         seconds = base.seconds + np.maximum(compute, memory) * layers + launch
         comp = base.compute_s + np.where(is_compute, compute * layers, 0.0)
@@ -301,19 +336,33 @@ class InstanceCostModel:
 
     # ----- operators -----------------------------------------------------------------
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
-            label: str = "other", key: Any = None) -> None:
-        """The roofline of one operator (``op_time``), added ``times`` times to ``acc``.
+            label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0) -> None:
+        """The roofline of one operator, added ``times`` times to ``acc``.
 
         ``key`` describes the operator's shape for predictors that look it up in measured
         tables (:class:`simulator.cost.predictor.TablePredictor`); the roofline ignores it.
+        ``units`` and ``rows`` feed the fitted per-operator curves (:class:`OperatorFit`).
         """
+        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows), times, label)
+
+    def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
+                  rows: float) -> tuple[float, float, float]:
+        """(compute, memory, launch) seconds of one operator."""
+        fit = self._fits.get(label)
+        if fit is not None:
+            peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
+            compute, memory = fit.parts(peak, self._bw, flops, nbytes, units)
+            fixed = fit.fixed(rows) + (kernels - 1) * fit.floor_us * 1e-6
+            # The floor is kernel time, not launch: CUDA graphs do not remove it.
+            if compute >= memory:
+                return compute + fixed, memory, 0.0
+            return compute, memory + fixed, 0.0
         if not self._flat:
             t = op_time(self.device, self._cp, flops, nbytes, kernels)
-            acc.add_op(t.compute_s, t.memory_s, t.launch_s, times, label)
-            return
+            return t.compute_s, t.memory_s, t.launch_s
         compute = flops / (self._peak * self._eta_c) if flops else 0.0
         memory = nbytes / (self._bw * self._eta_m) if nbytes else 0.0
-        acc.add_op(compute, memory, kernels * self._launch, times, label)
+        return compute, memory, kernels * self._launch
 
     def _gemm(self, acc: _Acc, tokens: int, params: float, out_width: float,
               in_width: float, times: float, kernels: int = 1, label: str = "gemm",
@@ -323,12 +372,20 @@ class InstanceCostModel:
             return
         flops = 2.0 * tokens * params
         nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
+        k_sum = sum(k for _, k in shapes) if shapes is not None else in_width
         self._op(acc, flops, nbytes, kernels, times, label,
-                 (tokens, shapes) if shapes is not None else None)
+                 (tokens, shapes) if shapes is not None else None, tokens, tokens * k_sum)
 
     def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
-        if self.links.tp is not None:
-            acc.add_comm(allreduce_time(nbytes, ranks, self.links.tp) * times, "allreduce")
+        link = self.links.tp
+        if link is None:
+            return
+        # The engine's own measured all-reduce where the group stays on the scale-up link.
+        curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
+        seconds = curve.seconds(nbytes) if curve is not None else None
+        if seconds is None:
+            seconds = allreduce_time(nbytes, ranks, link)
+        acc.add_comm(seconds * times, "allreduce")
 
     def _layers(self, acc: _Acc, b: BatchShape, count: float, *, moe: bool,
                 decode_attention: bool = True) -> None:
@@ -365,10 +422,12 @@ class InstanceCostModel:
                 per_pair = 4 * heads * m.head_dim
             flops = per_pair * b.prefill_attn_pairs
             nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
-            self._op(acc, flops, nbytes, 1, count, "attention_prefill", b)
+            self._op(acc, flops, nbytes, 1, count, "attention_prefill", b,
+                     b.prefill_seqs * heads, b.prefill_tokens * heads)
         if b.decode_seqs and decode:
             flops, nbytes = self._decode_attention_work(b.decode_seqs, b.decode_ctx_tokens)
-            self._op(acc, flops, nbytes, 1, count, "attention_decode", b)
+            self._op(acc, flops, nbytes, 1, count, "attention_decode", b,
+                     b.decode_seqs * self.kv_heads_per_device, b.decode_seqs * heads)
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism
@@ -383,7 +442,7 @@ class InstanceCostModel:
         width = m.moe_intermediate_size / par.expert_tp
         flops = 2.0 * tokens_here * expert_params
         nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
-        self._op(acc, flops, nbytes, 2, count, "moe", tokens)
+        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, tokens * h)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts

@@ -263,6 +263,8 @@ def _predictor(scenario: Scenario, dev: DeviceProfile, engine: str,
     spec = scenario.cost
     if spec.predictor == "roofline":
         return InstanceCostModel, {}
+    if spec.predictor == "fitted":
+        return InstanceCostModel, {"fitted": True}
     from simulator.cost.predictor import TablePredictor
     from simulator.runner.kernel_tables import load_tables
 
@@ -274,7 +276,7 @@ def _predictor(scenario: Scenario, dev: DeviceProfile, engine: str,
         tables = load_tables(dev.kernel_tables, engine, spec.tables_version)
     except ConfigError as exc:
         raise _keyed(exc, file, "cost.predictor") from None
-    return TablePredictor, {"tables": tables}
+    return TablePredictor, {"tables": tables, "fitted": True}
 
 
 def build_plan(scenario: Scenario, base_dir: Path | None = None,
@@ -319,6 +321,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
                     moe_imbalance=pool.moe_imbalance,
+                    engine=engine.name,
                     **tables,
                 ))
             except ValueError as exc:

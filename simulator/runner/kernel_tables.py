@@ -36,7 +36,11 @@ def tables_root() -> Path | None:
     return root if root.is_dir() else None
 
 
-def package_version() -> str:
+def package_version(root: Path | None = None) -> str:
+    """Version of the package holding ``root`` (an unpacked wheel), else of the installed one."""
+    if root is not None:
+        for info in root.parents[2].glob("aiconfigurator_core-*.dist-info"):
+            return info.name.removeprefix("aiconfigurator_core-").removesuffix(".dist-info")
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -49,10 +53,13 @@ def _version_key(text: str) -> tuple[tuple[int, str], ...]:
     return tuple((int(p), "") if p.isdigit() else (-1, p) for p in re.split(r"[.\-]", text))
 
 
-def _pick_version(folder: Path, wanted: str | None) -> Path | None:
+def _pick_version(folder: Path, wanted: str | None, needs: str | None = None) -> Path | None:
+    """``wanted`` if present, else the newest version folder (holding ``needs`` if given)."""
     if not folder.is_dir():
         return None
-    versions = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: _version_key(p.name))
+    versions = sorted((p for p in folder.iterdir() if p.is_dir()
+                       and (needs is None or (p / needs).is_file())),
+                      key=lambda p: _version_key(p.name))
     if not versions:
         return None
     if wanted is not None:
@@ -65,6 +72,17 @@ def _pick_version(folder: Path, wanted: str | None) -> Path | None:
 def _parts(key: Any) -> tuple[Any, ...]:
     """A pandas group key as a tuple (a scalar for one column)."""
     return tuple(key) if isinstance(key, tuple) else (key,)
+
+
+def plain_attention(frame: pd.DataFrame) -> pd.DataFrame:
+    """Full (no sliding window), beam-1 attention rows; ``step`` 0 where not recorded."""
+    for column, value in (("window_size", 0), ("beam_width", 1)):
+        if column in frame:
+            frame = frame[frame[column] == value]
+    frame = frame.copy()
+    if "step" not in frame:
+        frame["step"] = 0
+    return frame
 
 
 def _grid(frame: pd.DataFrame, axes: list[str]) -> GridTable:
@@ -84,14 +102,14 @@ def read_tables(root: Path, system: str, engine: str, version: str | None = None
         raise ConfigError(f"no kernel tables for system {system!r}; the package has {shipped}")
     used: dict[str, str] = {}
 
-    def folder(op: str, wanted: str | None = version) -> Path | None:
-        found = _pick_version(base / op / engine, wanted)
+    def folder(op: str, needs: str) -> Path | None:
+        found = _pick_version(base / op / engine, version, needs)
         if found is not None:
             used[op] = found.name
         return found
 
     gemm: dict[str, GridTable] = {}
-    if (d := folder("gemm")) is not None and (d / "gemm_perf.parquet").is_file():
+    if (d := folder("gemm", "gemm_perf.parquet")) is not None:
         g = pd.read_parquet(d / "gemm_perf.parquet")
         g["dtype"] = g["gemm_dtype"].map(_DTYPES)
         for dtype, part in g.dropna(subset=["dtype"]).groupby("dtype"):
@@ -99,14 +117,13 @@ def read_tables(root: Path, system: str, engine: str, version: str | None = None
 
     context: dict[tuple[int, int, int, str], GridTable] = {}
     generation: dict[tuple[int, int, int, str], GridTable] = {}
-    if (d := folder("attention")) is not None:
+    if (d := folder("attention", "context_attention_perf.parquet")) is not None:
         key = ["num_heads", "num_key_value_heads", "head_dim", "kv_dtype"]
         for name, target, length in (("context_attention_perf.parquet", context, "isl"),
                                      ("generation_attention_perf.parquet", generation, "kv_len")):
             if not (d / name).is_file():
                 continue
-            a = pd.read_parquet(d / name)
-            a = a[(a["window_size"] == 0) & (a["beam_width"] == 1)].copy()
+            a = plain_attention(pd.read_parquet(d / name))
             a["kv_dtype"] = a["kv_cache_dtype"].map(_DTYPES)
             # Generation rows: one new token on isl prompt tokens after `step` decode steps.
             a["kv_len"] = a["isl"] + a["step"]
@@ -117,7 +134,7 @@ def read_tables(root: Path, system: str, engine: str, version: str | None = None
                 target[hk] = _grid(_fastest(part, shape), shape)
 
     allreduce: dict[int, GridTable] = {}
-    if (d := folder("comm")) is not None and (d / "custom_allreduce_perf.parquet").is_file():
+    if (d := folder("comm", "custom_allreduce_perf.parquet")) is not None:
         c = pd.read_parquet(d / "custom_allreduce_perf.parquet")
         if "backend" in c and c["backend"].astype(str).str.endswith("graph").any():
             c = c[c["backend"].astype(str).str.endswith("graph")]
@@ -125,7 +142,7 @@ def read_tables(root: Path, system: str, engine: str, version: str | None = None
             allreduce[int(_parts(n)[0])] = _grid(_fastest(part, ["message_size"]), ["message_size"])
 
     moe: dict[tuple[str, int, int, int, int, int, int], GridTable] = {}
-    if (d := folder("moe")) is not None and (d / "moe_perf.parquet").is_file():
+    if (d := folder("moe", "moe_perf.parquet")) is not None:
         mo = pd.read_parquet(d / "moe_perf.parquet")
         mo = mo[mo["distribution"] == "balanced"].copy()
         mo["dtype"] = mo["moe_dtype"].map(_DTYPES)
@@ -140,7 +157,7 @@ def read_tables(root: Path, system: str, engine: str, version: str | None = None
     if not used:
         raise ConfigError(f"no {engine} kernel tables for system {system!r}")
     versions = ", ".join(f"{op} {v}" for op, v in used.items())
-    source = (f"aiconfigurator-core {package_version()}, systems/data/{system}/*/{engine}/ "
+    source = (f"aiconfigurator-core {package_version(root)}, systems/data/{system}/*/{engine}/ "
               f"({versions})")
     return KernelTables(system, engine, used.get("gemm", version or "newest"), source, gemm,
                         context, generation, allreduce, moe)

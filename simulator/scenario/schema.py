@@ -152,11 +152,13 @@ class SimulationSpec(Spec):
 
 
 class CostSpec(Spec):
-    predictor: Literal["roofline", "tables"] = Field("roofline", description=(
-        "How step times are priced: `roofline` (calibrated per-operator roofline, no extra "
-        "dependency) or `tables` (NVIDIA AIConfigurator's measured kernel tables for the "
-        "pool's device and engine, interpolated, with the roofline outside their range; "
-        "needs `pip install 'disagg-sim[kernels]'`)."))
+    predictor: Literal["roofline", "fitted", "tables"] = Field("roofline", description=(
+        "How step times are priced: `roofline` (device-wide efficiency factors), `fitted` "
+        "(per-operator constants and the engine's measured all-reduce, fitted on measured "
+        "kernel tables and stored in the device profiles; no extra dependency) or `tables` "
+        "(NVIDIA AIConfigurator's measured kernel tables for the pool's device and engine, "
+        "interpolated, with the fitted roofline outside their range; needs "
+        "`pip install 'disagg-sim[kernels]'`)."))
     tables_version: str | None = Field(None, description=(
         "Engine version of the kernel tables (e.g. `0.24.0` for vLLM); newest when unset."))
 
