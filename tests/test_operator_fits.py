@@ -111,3 +111,27 @@ def test_fitted_predictor_from_the_scenario() -> None:
     assert fitted.summary["cost_predictor"] == "fitted"
     assert plain.summary["cost_predictor"] == "roofline"
     assert fitted.summary["e2e_mean_s"] != pytest.approx(plain.summary["e2e_mean_s"])
+
+
+def test_kernel_fit_recovers_a_known_operator_on_held_out_shapes() -> None:
+    """The fit script's solver, on synthetic timings from known constants (no extra needed)."""
+    import numpy as np
+
+    from simulator.validation.kernel_fit import Samples, evaluate, fit, training_ape
+
+    true = OperatorFit(compute=0.75, half_flops=5e8, memory=0.85, half_bytes=2e6, half_units=4.0,
+                       floor_us=3.0, per_row_ps=1.0)
+    rng = np.random.default_rng(0)
+    m = rng.integers(1, 8192, 600).astype(float)
+    n = rng.choice([1024.0, 4096.0, 8192.0, 14336.0], 600)
+    k = rng.choice([1024.0, 4096.0, 8192.0], 600)
+    flops, nbytes = 2 * m * n * k, (m * k + k * n) * 2 + m * n * 2
+    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
+    seconds = true.seconds(peak, bw, flops, nbytes, m, m * k)
+    held_out = n == 14336.0  # whole weight shapes the fit never sees
+    samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, held_out, "synthetic")
+    fitted = fit(samples, H100)
+    row = evaluate(samples, H100, fitted)
+    assert row["held_out_rows"] == int(held_out.sum())
+    assert row["median_ape_after"] < 1.0
+    assert training_ape(samples, H100, fitted) < training_ape(samples, H100, None)

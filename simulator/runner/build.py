@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.cost.parallel import Parallelism, Precisions
@@ -22,6 +21,7 @@ from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.hardware.registry import load_device, load_link
 from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model
+from simulator.runner.kernel_tables import predictor_for
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, Scenario
 from simulator.units import GIB
@@ -257,28 +257,6 @@ def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineP
     return out
 
 
-def _predictor(scenario: Scenario, dev: DeviceProfile, engine: str,
-               file: str | None) -> tuple[type[InstanceCostModel], dict[str, Any]]:
-    """The step-time predictor ``cost.predictor`` selects, with its keyword arguments."""
-    spec = scenario.cost
-    if spec.predictor == "roofline":
-        return InstanceCostModel, {}
-    if spec.predictor == "fitted":
-        return InstanceCostModel, {"fitted": True}
-    from simulator.cost.predictor import TablePredictor
-    from simulator.runner.kernel_tables import load_tables
-
-    if dev.kernel_tables is None:
-        raise ConfigError(f"device {dev.name} has no measured kernel tables (its profile sets no "
-                          "kernel_tables); use predictor: roofline for it", file=file,
-                          key="cost.predictor")
-    try:
-        tables = load_tables(dev.kernel_tables, engine, spec.tables_version)
-    except ConfigError as exc:
-        raise _keyed(exc, file, "cost.predictor") from None
-    return TablePredictor, {"tables": tables, "fitted": True}
-
-
 def build_plan(scenario: Scenario, base_dir: Path | None = None,
                file: str | None = None) -> ClusterPlan:
     base_dir = base_dir or Path.cwd()
@@ -311,7 +289,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         pool_places = placements[cursor: cursor + pool.max_instances]
         cursor += pool.max_instances
         costs: list[InstanceCostModel] = []
-        predictor_class, tables = _predictor(scenario, dev, engine.name, file)
+        predictor_class, tables = predictor_for(scenario.cost, dev, engine.name, file)
         for place_ in pool_places:
             links = instance_links(place_, par, file, key)
             try:

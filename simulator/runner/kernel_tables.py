@@ -17,8 +17,12 @@ from typing import Any
 
 import pandas as pd
 
+from simulator.cost.predictor import TablePredictor
+from simulator.cost.step import InstanceCostModel
 from simulator.cost.tables import GridTable, KernelTables
 from simulator.errors import ConfigError
+from simulator.hardware.profiles import DeviceProfile
+from simulator.scenario.schema import CostSpec
 
 PACKAGE = "aiconfigurator_core"
 INSTALL_HINT = "pip install 'disagg-sim[kernels]' (installs aiconfigurator-core)"
@@ -170,3 +174,21 @@ def load_tables(system: str, engine: str, version: str | None = None) -> KernelT
     if root is None:
         raise ConfigError(f"predictor 'tables' needs the measured kernel tables: {INSTALL_HINT}")
     return read_tables(root, system, engine, version)
+
+
+def predictor_for(spec: CostSpec, dev: DeviceProfile, engine: str,
+                  file: str | None) -> tuple[type[InstanceCostModel], dict[str, Any]]:
+    """The step-time predictor ``cost.predictor`` selects, with its keyword arguments."""
+    if spec.predictor == "roofline":
+        return InstanceCostModel, {}
+    if spec.predictor == "fitted":
+        return InstanceCostModel, {"fitted": True}
+    if dev.kernel_tables is None:
+        raise ConfigError(f"device {dev.name} has no measured kernel tables (its profile sets no "
+                          "kernel_tables); use predictor: roofline or fitted for it", file=file,
+                          key="cost.predictor")
+    try:
+        tables = load_tables(dev.kernel_tables, engine, spec.tables_version)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, file=exc.file or file, key="cost.predictor") from None
+    return TablePredictor, {"tables": tables, "fitted": True}
