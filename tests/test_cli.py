@@ -107,7 +107,7 @@ def test_model_does_not_fit_names_need_and_fix(tmp_path, capsys) -> None:
     err = bad(tmp_path, data, capsys)
     assert "cluster.pools[0].parallelism" in err
     assert "does not fit on H100-SXM" in err
-    assert "GB" in err
+    assert "GiB" in err
     assert "raise tp or pp" in err
 
 

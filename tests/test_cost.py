@@ -108,10 +108,21 @@ def test_memory_plan_kv_capacity() -> None:
                       runtime_reserve_gib=1.5,
                       kv_elements_per_token_per_layer_device=cm.kv_elements_per_token_per_layer_device())
     assert mem.weight_bytes == pytest.approx(M8.weight_bytes("bf16"), rel=1e-6)
-    expected = (72e9 - mem.weight_bytes - mem.activation_bytes) / (128 * 1024)
+    expected = (0.9 * 79.1 * 2**30 - mem.weight_bytes - mem.activation_bytes) / (128 * 1024)
     assert mem.kv_capacity_tokens == pytest.approx(expected, abs=16)
     assert mem.kv_capacity_tokens % 16 == 0
     assert 350_000 < mem.kv_capacity_tokens < 450_000
+
+
+def test_kv_capacity_uses_the_binary_capacity_the_runtime_sees() -> None:
+    """Llama-3.1-70B TP8 on H100 at 0.9: ~1.38 M KV tokens (79.1 GiB), not 1.27 M (80e9 B)."""
+    cm = InstanceCostModel(M70, H100, Parallelism(tp=8), links=LinkSet(tp=NVL))
+    mem = plan_memory(M70, H100, Parallelism(tp=8), Precisions(), memory_utilization=0.9,
+                      block_size=16, max_batched_tokens=8192, max_seqs=256,
+                      runtime_reserve_gib=1.5,
+                      kv_elements_per_token_per_layer_device=cm.kv_elements_per_token_per_layer_device())
+    assert mem.capacity_bytes == pytest.approx(79.1 * 2**30)
+    assert mem.kv_capacity_tokens == pytest.approx(1.38e6, rel=0.01)
 
 
 def test_fp8_weights_halve_weight_stream() -> None:
@@ -121,3 +132,29 @@ def test_fp8_weights_halve_weight_stream() -> None:
     a = bf.step(BatchShape.decode(1, 100))
     b = f8.step(BatchShape.decode(1, 100))
     assert b.memory_s == pytest.approx(a.memory_s / 2, rel=0.1)
+
+
+def test_ep_with_tp_attention_sends_nothing_beyond_the_all_reduces() -> None:
+    """vLLM --enable-expert-parallel without DP: experts combine through the TP all-reduce.
+
+    DeepSeek-V3 TP8 on H200, decode b=64: EP8 must not pay dispatch/combine all-to-alls,
+    so its communication equals EP1's and its step is no slower (same expert bytes read).
+    """
+    v3, h200 = get_model("DeepSeek-V3"), load_device("H200-SXM")
+    batch = BatchShape.decode(64, 64 * 1024)
+    steps = {}
+    for ep in (1, 8):
+        cm = InstanceCostModel(v3, h200, Parallelism(tp=8, ep=ep), Precisions(weights="fp8"),
+                               LinkSet(tp=NVL, ep=NVL if ep > 1 else None))
+        steps[ep] = cm.step(batch)
+    assert steps[8].communication_s == pytest.approx(steps[1].communication_s, rel=1e-12)
+    assert steps[8].seconds <= steps[1].seconds
+
+
+def test_moe_exchange_only_with_data_parallel_attention() -> None:
+    from simulator.cost.collectives import alltoall_time, moe_token_exchange_time
+
+    assert moe_token_exchange_time("tp", 1e6, 8, NVL) == 0.0
+    assert moe_token_exchange_time("dp", 1e6, 8, NVL) == pytest.approx(
+        2 * alltoall_time(1e6, 8, NVL))
+    assert moe_token_exchange_time("dp", 1e6, 1, NVL) == 0.0

@@ -130,27 +130,51 @@ def test_datasheet_peak_rates(device: str, precision: str, tflops: float) -> Non
 
 
 @pytest.mark.parametrize(
-    ("device", "capacity_gb", "bandwidth_gb_per_s"),
+    ("device", "capacity_gib", "bandwidth_gb_per_s"),
     [
-        ("H100-SXM", 80, 3350),
-        ("H200-SXM", 141, 4800),
-        ("A100-SXM-80GB", 80, 2039),
-        ("B200", 180, 7700),
-        ("L40S", 48, 864),
+        ("H100-SXM", 79.1, 3350),
+        ("H200-SXM", 139.8, 4800),
+        ("A100-SXM-80GB", 79.2, 2039),
+        ("B200", 178.5, 7700),
+        ("L40S", 44.4, 864),
         ("MI300X", 192, 5300),
-        ("GroqLPU-v1", 0.23, 80_000),
+        ("GroqLPU-v1", 220 / 1024, 80_000),
     ],
 )
-def test_datasheet_memory(device: str, capacity_gb: float, bandwidth_gb_per_s: float) -> None:
+def test_datasheet_memory(device: str, capacity_gib: float, bandwidth_gb_per_s: float) -> None:
+    """Capacities are what the runtime reports, in binary units (80 GB H100 -> 79.1 GiB)."""
     profile = load_device(device)
-    assert profile.memory_capacity_gb == pytest.approx(capacity_gb)
+    assert profile.memory_capacity_gib == pytest.approx(capacity_gib)
+    assert profile.memory_bytes == pytest.approx(capacity_gib * 2**30)
+    assert profile.memory_capacity_source
     assert profile.memory_bandwidth_gb_per_s == pytest.approx(bandwidth_gb_per_s)
+
+
+def test_h100_memory_is_binary_not_decimal() -> None:
+    """The runtime sees 79.1 GiB (84.9e9 bytes) on an H100, not 80e9 bytes."""
+    assert load_device("H100-SXM").memory_bytes == pytest.approx(79.1 * 2**30)
+    assert load_device("H100-SXM").memory_bytes > 84e9
+
+
+def test_decimal_capacity_key_is_refused_with_the_replacement(tmp_path) -> None:
+    import yaml
+
+    from simulator.errors import ConfigError
+    from simulator.hardware.registry import profiles_dir
+
+    data = yaml.safe_load((profiles_dir() / "devices" / "H100-SXM.yaml").read_text())
+    del data["memory_capacity_gib"]
+    data["memory_capacity_gb"] = 80
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="memory_capacity_gib"):
+        load_device(str(path))
 
 
 def test_lpu_is_sram_only_and_unpriced() -> None:
     lpu = load_device("GroqLPU-v1")
     assert lpu.memory_kind == "sram"
-    assert lpu.memory_bytes == pytest.approx(0.23e9)
+    assert lpu.memory_bytes == pytest.approx(220 * 2**20)
     assert lpu.scale_up_link == "lpu-c2c"
     assert lpu.price is None  # no public per-chip rental price: nothing invented
     assert lpu.notes is not None

@@ -137,8 +137,8 @@ def test_oversize_configuration_names_device_need_and_fix() -> None:
         Simulation(sc)
     msg = str(exc.value)
     assert "DeepSeek-V3 does not fit on H100-SXM with tp=8 pp=1" in msg
-    assert "GB of bf16 weights" in msg
-    assert "GB usable" in msg
+    assert "GiB of bf16 weights" in msg
+    assert "GiB usable" in msg
     assert "raise tp or pp" in msg
 
 

@@ -24,14 +24,14 @@ def list_profiles() -> None:
 
     console = make_console()
     t = Table(title="Devices (dense peak rates, in the precisions the chip has units for)")
-    for col in ("name", "memory", "GB", "GB/s", "TFLOP/s by precision", "$/h"):
+    for col in ("name", "memory", "GiB", "GB/s", "TFLOP/s by precision", "$/h"):
         t.add_column(col, justify="left" if col in ("name", "memory", "TFLOP/s by precision")
                      else "right", no_wrap=col != "TFLOP/s by precision")
     for name in device_names():
         d = load_device(name)
         rates = ", ".join(f"{p} {fmt(r)}" for p, r in sorted(
             d.peak_tflops.items(), key=lambda kv: -BYTES_PER_ELEMENT[kv[0]]))
-        t.add_row(d.name, d.memory_kind, fmt(d.memory_capacity_gb),
+        t.add_row(d.name, d.memory_kind, fmt(d.memory_capacity_gib),
                   fmt(d.memory_bandwidth_gb_per_s), rates,
                   f"{d.price.usd_per_hour:,.2f}" if d.price else "-")
     console.print(t)

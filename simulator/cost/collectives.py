@@ -7,7 +7,13 @@ NCCL model in ``nccl/src/graph/tuning.cc``). A one-rank group costs nothing.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from simulator.hardware.profiles import LinkProfile
+
+AttentionParallel = Literal["tp", "dp"]
+"""How attention is split inside an MoE instance: TP (every rank holds every token) or
+data-parallel attention (each rank owns a share of the requests)."""
 
 
 def _alpha(link: LinkProfile, steps: int) -> float:
@@ -44,3 +50,21 @@ def p2p_time(nbytes: float, link: LinkProfile) -> float:
         return 0.0
     fixed = (link.per_transfer_overhead_us + link.latency_us) * 1e-6
     return fixed + nbytes / link.effective_bandwidth
+
+
+def moe_token_exchange_time(
+    attention: AttentionParallel, routed_bytes_per_rank: float, ep: int, link: LinkProfile | None
+) -> float:
+    """Communication an MoE layer adds to expert parallelism, on top of the TP all-reduces.
+
+    With TP attention every rank already holds every token after the attention all-reduce:
+    each rank runs its local experts on the tokens routed to them and the partial outputs
+    are summed by the layer's existing all-reduce, so nothing else is sent (vLLM
+    ``--enable-expert-parallel`` without data parallelism: ``FusedMoEParallelConfig``
+    in ``vllm/model_executor/layers/fused_moe/config.py`` enables the all-to-all kernels
+    only when ``dp_size > 1``). With data-parallel attention each rank owns different
+    tokens, so routed copies go out (dispatch) and come back (combine): two all-to-alls.
+    """
+    if attention == "tp" or ep <= 1 or link is None:
+        return 0.0
+    return 2 * alltoall_time(routed_bytes_per_rank, ep, link)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.cost.parallel import Parallelism, Precisions
-from simulator.cost.step import _split_layers, _stage_moe_layers
+from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.units import GIB, bytes_per_element
@@ -36,8 +35,8 @@ class MemoryPlan:
 def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str) -> list[float]:
     """Weight bytes on one device of each pipeline stage."""
     wb = bytes_per_element(weights)
-    layers = _split_layers(model.num_layers, par.pp, par.balanced_stages)
-    moe = _stage_moe_layers(model, layers)
+    layers = split_layers(model.num_layers, par.pp, par.balanced_stages)
+    moe = stage_moe_layers(model, layers)
     out = []
     for index, (n, n_moe) in enumerate(zip(layers, moe, strict=True)):
         attn = model.attention_params() + model.norm_params_per_layer()
@@ -108,7 +107,7 @@ def plan_memory(
     reserve = activation_reserve_bytes(
         model, par, precisions.activations, max_batched_tokens, max_seqs, runtime_reserve_gib
     )
-    layers_max = max(_split_layers(model.num_layers, par.pp, par.balanced_stages))
+    layers_max = max(split_layers(model.num_layers, par.pp, par.balanced_stages))
     kv_per_token = (
         layers_max * kv_elements_per_token_per_layer_device * bytes_per_element(precisions.kv_cache)
     )

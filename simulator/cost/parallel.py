@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.models.arch import ModelConfig
+
 
 @dataclass(frozen=True, slots=True)
 class Parallelism:
@@ -38,3 +40,21 @@ class Precisions:
     weights: str = "bf16"
     activations: str = "bf16"
     kv_cache: str = "bf16"
+
+
+def split_layers(layers: int, pp: int, balanced: bool = False) -> list[float]:
+    """Layers per stage: whole layers (earlier stages take the remainder), or equal shares."""
+    if balanced:
+        return [layers / pp] * pp
+    base, extra = divmod(layers, pp)
+    return [float(base + (1 if i < extra else 0)) for i in range(pp)]
+
+
+def stage_moe_layers(model: ModelConfig, stage_layers: list[float]) -> list[float]:
+    out, start = [], 0.0
+    for n in stage_layers:
+        end = start + n
+        dense = max(0.0, min(end, model.first_dense_layers) - start) if model.is_moe else n
+        out.append(n - dense)
+        start = end
+    return out

@@ -9,80 +9,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from simulator.cost.accounting import DecodeSeries, LinkSet, StepCost, _Acc
 from simulator.cost.batch import BatchShape
-from simulator.cost.collectives import allreduce_time, alltoall_time, p2p_time
-from simulator.cost.parallel import Parallelism, Precisions
+from simulator.cost.collectives import (
+    allreduce_time,
+    moe_token_exchange_time,
+    p2p_time,
+)
+from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import op_time
-from simulator.hardware.profiles import DeviceProfile, LinkProfile
+from simulator.hardware.profiles import DeviceProfile, OperatorFit
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
-
-
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """Seconds of one step, and where they went (summed over pipeline stages)."""
-
-    seconds: float
-    stage_seconds: tuple[float, ...]
-    compute_s: float
-    memory_s: float
-    communication_s: float
-    overhead_s: float
-
-    @property
-    def bound(self) -> str:
-        parts = {
-            "compute": self.compute_s,
-            "memory": self.memory_s,
-            "communication": self.communication_s,
-            "overhead": self.overhead_s,
-        }
-        return max(parts, key=parts.__getitem__)
-
-    @property
-    def slowest_stage_s(self) -> float:
-        return max(self.stage_seconds)
-
-
-class DecodeSeries(NamedTuple):
-    """Consecutive decode steps: seconds, bound codes, compute and memory seconds."""
-
-    seconds: np.ndarray
-    bound: np.ndarray
-    compute_s: np.ndarray
-    memory_s: np.ndarray
-
-
-@dataclass(slots=True)
-class _Acc:
-    compute: float = 0.0
-    memory: float = 0.0
-    comm: float = 0.0
-    launch: float = 0.0
-
-    def add_op(self, t_compute: float, t_memory: float, t_launch: float, times: float) -> None:
-        if t_compute >= t_memory:
-            self.compute += t_compute * times
-        else:
-            self.memory += t_memory * times
-        self.launch += t_launch * times
-
-    @property
-    def total(self) -> float:
-        return self.compute + self.memory + self.comm + self.launch
-
-
-@dataclass(frozen=True)
-class LinkSet:
-    """The links a step's collectives cross, as placement decided them."""
-
-    tp: LinkProfile | None = None
-    pp: LinkProfile | None = None
-    ep: LinkProfile | None = None
 
 
 @dataclass
@@ -100,6 +42,11 @@ class InstanceCostModel:
     """Share of kernel-launch cost left in decode-only steps that replay CUDA graphs."""
     moe_imbalance: float = 1.0
     """Tokens on the busiest expert device relative to a uniform split (>= 1)."""
+    engine: str | None = None
+    """Serving engine whose fitted per-operator constants (``device.operators``) apply."""
+    fitted: bool = False
+    """Price operators with the device's fitted per-operator constants and the engine's
+    measured all-reduce (``cost.predictor: fitted``); else the device-wide factors."""
 
     def __post_init__(self) -> None:
         m, par = self.model, self.parallelism
@@ -114,8 +61,8 @@ class InstanceCostModel:
         self._ab = bytes_per_element(self.precisions.activations)
         self._kvb = bytes_per_element(self.precisions.kv_cache)
         self._cp = compute_precision(self.precisions.weights, self.precisions.activations)
-        self._stage_layers = _split_layers(m.num_layers, par.pp, par.balanced_stages)
-        self._stage_moe = _stage_moe_layers(m, self._stage_layers)
+        self._stage_layers = split_layers(m.num_layers, par.pp, par.balanced_stages)
+        self._stage_moe = stage_moe_layers(m, self._stage_layers)
         self._decode_base: dict[int, StepCost] = {}
         # Per-device constants of the roofline, looked up once (pricing runs every step).
         dev, eff = self.device, self.device.efficiency
@@ -130,6 +77,34 @@ class InstanceCostModel:
         self._attn_out = m.q_width / t + m.attn_out_width / t
         self._ffn_params = m.ffn_params(m.intermediate_size) / t
         self._ffn_width = m.intermediate_size / t
+        self._fits = self._operator_fits() if self.fitted else {}
+        self._ar_curves = dev.allreduce_curves(self.engine) if self.fitted else {}
+        self._peak16 = dev.peak_flops("bf16")
+        # (n, k) of each GEMM per device, for predictors that look shapes up in tables.
+        h = m.hidden_size
+        self._ffn_shapes = ((2 * self._ffn_width, h), (h, self._ffn_width))
+        self._attn_shapes: tuple[tuple[float, float], ...] | None = None
+        if m.attention != "mla":
+            qkv = m.q_width / t + 2 * self.kv_heads_per_device * m.head_dim
+            self._attn_shapes = ((qkv, h), (h, m.attn_out_width / t))
+
+    def _operator_fits(self) -> dict[str, OperatorFit]:
+        """Fitted roofline per operator label (labels without a fit use device-wide factors)."""
+        fits = self.device.operator_fits(self.engine)
+        low = {"fp8": "_fp8", "fp4": "_fp4"}.get(self._cp, "")
+        out: dict[str, OperatorFit] = {}
+        gemm = fits.get(f"gemm{low}") if low or self._cp in ("bf16", "fp16") else None
+        if gemm is not None:
+            for label in ("gemm_attention", "gemm_ffn", "gemm_moe_dense", "lm_head"):
+                out[label] = gemm
+        if self.model.attention != "mla":  # MLA kernels are not in the fitted families
+            for label in ("attention_prefill", "attention_decode"):
+                if label in fits:
+                    out[label] = fits[label]
+        moe = fits.get("moe_fp8" if low == "_fp8" else "moe" if not low else "")
+        if moe is not None:
+            out["moe"] = moe
+        return out
 
     # ----- per-device shapes -------------------------------------------------------
     @property
@@ -161,6 +136,18 @@ class InstanceCostModel:
     def step(self, batch: BatchShape) -> StepCost:
         return self._step(batch, decode_attention=True)
 
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds of one step per operator family (summed over layers and stages).
+
+        Launch costs are included per operator before CUDA-graph scaling; the host
+        overhead is listed as ``host``.
+        """
+        ops: dict[str, float] = {}
+        self._step(batch, decode_attention=True, ops=ops)
+        ops["host"] = self.step_overhead_s + self.per_sequence_overhead_s * (
+            batch.prefill_seqs + batch.decode_seqs)
+        return ops
+
     def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
         """Seconds and bound codes of consecutive decode-only steps of ``seqs`` sequences.
 
@@ -180,7 +167,17 @@ class InstanceCostModel:
         flops, nbytes = self._decode_attention_work(seqs, ctx)
         dev = self.device
         eff = dev.efficiency
-        if eff.compute_curve is None and eff.memory_curve is None:
+        fit = self._fits.get("attention_decode")
+        launch = dev.kernel_launch_us * 1e-6 * self.graph_launch_factor * layers
+        if fit is not None:
+            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes,
+                                        seqs * self.kv_heads_per_device)
+            fixed = fit.fixed(seqs * self.model.num_attention_heads / self.parallelism.tp)
+            on_compute = compute >= memory
+            compute = np.where(on_compute, compute + fixed, compute)
+            memory = np.where(on_compute, memory, memory + fixed)
+            launch = 0.0
+        elif eff.compute_curve is None and eff.memory_curve is None:
             # Constant efficiencies: both terms are affine in ctx, one division each.
             compute = flops * (1.0 / (dev.peak_flops(self._cp) * eff.eta_compute(1.0, self._cp)))
             memory = nbytes * (1.0 / (dev.memory_bandwidth * eff.memory))
@@ -188,7 +185,6 @@ class InstanceCostModel:
             peak = dev.peak_flops(self._cp)
             compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops, self._cp)), 0.0)
             memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
-        launch = dev.kernel_launch_us * 1e-6 * self.graph_launch_factor * layers
         is_compute = compute >= memory
         seconds = base.seconds + np.maximum(compute, memory) * layers + launch
         comp = base.compute_s + np.where(is_compute, compute * layers, 0.0)
@@ -213,7 +209,8 @@ class InstanceCostModel:
         nbytes = ctx * kv_elems * self._kvb + seqs * io_width * self._ab
         return flops, nbytes
 
-    def _step(self, batch: BatchShape, *, decode_attention: bool) -> StepCost:
+    def _step(self, batch: BatchShape, *, decode_attention: bool,
+              ops: dict[str, float] | None = None) -> StepCost:
         if batch.is_empty:
             return StepCost(self.step_overhead_s, (0.0,), 0.0, 0.0, 0.0, self.step_overhead_s)
         launch_scale = self.graph_launch_factor if batch.prefill_tokens == 0 else 1.0
@@ -229,20 +226,24 @@ class InstanceCostModel:
             mix = (layers, moe_layers)
             body = by_mix.get(mix)
             if body is None:
-                body = _Acc()
+                body = _Acc(ops={} if ops is not None else None, launch_scale=launch_scale)
                 self._layers(body, batch, layers - moe_layers, moe=False,
                              decode_attention=decode_attention)
                 if moe_layers:
                     self._layers(body, batch, moe_layers, moe=True,
                                  decode_attention=decode_attention)
                 by_mix[mix] = body
-            acc = _Acc(body.compute, body.memory, body.comm, body.launch)
+            acc = _Acc(body.compute, body.memory, body.comm, body.launch,
+                       dict(body.ops) if body.ops is not None else None, launch_scale)
             if index == last:
                 self._lm_head(acc, batch)
             if index < last and self.links.pp is not None:
-                acc.comm += p2p_time(batch.tokens * self.model.hidden_size * self._ab,
-                                     self.links.pp)
+                acc.add_comm(p2p_time(batch.tokens * self.model.hidden_size * self._ab,
+                                      self.links.pp), "pp_p2p")
             acc.launch *= launch_scale
+            if ops is not None and acc.ops is not None:
+                for label, seconds in acc.ops.items():
+                    ops[label] = ops.get(label, 0.0) + seconds
             stages.append(acc.total)
             total.compute += acc.compute
             total.memory += acc.memory
@@ -259,23 +260,57 @@ class InstanceCostModel:
         )
 
     # ----- operators -----------------------------------------------------------------
-    def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float) -> None:
-        """The roofline of one operator (``op_time``), added ``times`` times to ``acc``."""
+    def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
+            label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0) -> None:
+        """The roofline of one operator, added ``times`` times to ``acc``.
+
+        ``key`` describes the operator's shape for predictors that look it up in measured
+        tables (:class:`simulator.cost.predictor.TablePredictor`); the roofline ignores it.
+        ``units`` and ``rows`` feed the fitted per-operator curves (:class:`OperatorFit`).
+        """
+        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows), times, label)
+
+    def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
+                  rows: float) -> tuple[float, float, float]:
+        """(compute, memory, launch) seconds of one operator."""
+        fit = self._fits.get(label)
+        if fit is not None:
+            peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
+            compute, memory = fit.parts(peak, self._bw, flops, nbytes, units)
+            fixed = fit.fixed(rows) + (kernels - 1) * fit.floor_us * 1e-6
+            # The floor is kernel time, not launch: CUDA graphs do not remove it.
+            if compute >= memory:
+                return compute + fixed, memory, 0.0
+            return compute, memory + fixed, 0.0
         if not self._flat:
             t = op_time(self.device, self._cp, flops, nbytes, kernels)
-            acc.add_op(t.compute_s, t.memory_s, t.launch_s, times)
-            return
+            return t.compute_s, t.memory_s, t.launch_s
         compute = flops / (self._peak * self._eta_c) if flops else 0.0
         memory = nbytes / (self._bw * self._eta_m) if nbytes else 0.0
-        acc.add_op(compute, memory, kernels * self._launch, times)
+        return compute, memory, kernels * self._launch
 
     def _gemm(self, acc: _Acc, tokens: int, params: float, out_width: float,
-              in_width: float, times: float, kernels: int = 1) -> None:
+              in_width: float, times: float, kernels: int = 1, label: str = "gemm",
+              shapes: tuple[tuple[float, float], ...] | None = None) -> None:
+        """A group of GEMMs sharing ``tokens`` rows; ``shapes`` lists each one's (n, k)."""
         if tokens <= 0 or times <= 0:
             return
         flops = 2.0 * tokens * params
         nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
-        self._op(acc, flops, nbytes, kernels, times)
+        k_sum = sum(k for _, k in shapes) if shapes is not None else in_width
+        self._op(acc, flops, nbytes, kernels, times, label,
+                 (tokens, shapes) if shapes is not None else None, tokens, tokens * k_sum)
+
+    def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
+        link = self.links.tp
+        if link is None:
+            return
+        # The engine's own measured all-reduce where the group stays on the scale-up link.
+        curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
+        seconds = curve.seconds(nbytes) if curve is not None else None
+        if seconds is None:
+            seconds = allreduce_time(nbytes, ranks, link)
+        acc.add_comm(seconds * times, "allreduce")
 
     def _layers(self, acc: _Acc, b: BatchShape, count: float, *, moe: bool,
                 decode_attention: bool = True) -> None:
@@ -284,20 +319,21 @@ class InstanceCostModel:
         m, par = self.model, self.parallelism
         t, h, tokens = par.tp, m.hidden_size, b.tokens
         # Attention projections (QKV + output) as one weight-streaming group of GEMMs.
-        self._gemm(acc, tokens, self._attn_params, self._attn_out, 2 * h, count, kernels=2)
+        self._gemm(acc, tokens, self._attn_params, self._attn_out, 2 * h, count, kernels=2,
+                   label="gemm_attention", shapes=self._attn_shapes)
         self._attention(acc, b, count, decode_attention)
         if moe:
             self._moe(acc, b, count)
         else:
             self._gemm(acc, tokens, self._ffn_params, 2 * self._ffn_width, 2 * h, count,
-                       kernels=2)
+                       kernels=2, label="gemm_ffn", shapes=self._ffn_shapes)
         # Norms, residual adds, rotary, activation: bandwidth-bound elementwise kernels.
         ffn_width = (m.moe_intermediate_size * m.num_experts_per_token if moe
                      else m.intermediate_size) / t
         elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
-        self._op(acc, 0.0, elem_bytes, 3, count)
-        if t > 1 and self.links.tp is not None:
-            acc.comm += 2 * allreduce_time(tokens * h * self._ab, t, self.links.tp) * count
+        self._op(acc, 0.0, elem_bytes, 3, count, "elementwise")
+        if t > 1:
+            self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
 
     def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
         m, t = self.model, self.parallelism.tp
@@ -311,10 +347,12 @@ class InstanceCostModel:
                 per_pair = 4 * heads * m.head_dim
             flops = per_pair * b.prefill_attn_pairs
             nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
-            self._op(acc, flops, nbytes, 1, count)
+            self._op(acc, flops, nbytes, 1, count, "attention_prefill", b,
+                     b.prefill_seqs * heads, b.prefill_tokens * heads)
         if b.decode_seqs and decode:
             flops, nbytes = self._decode_attention_work(b.decode_seqs, b.decode_ctx_tokens)
-            self._op(acc, flops, nbytes, 1, count)
+            self._op(acc, flops, nbytes, 1, count, "attention_decode", b,
+                     b.decode_seqs * self.kv_heads_per_device, b.decode_seqs * heads)
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism
@@ -329,37 +367,23 @@ class InstanceCostModel:
         width = m.moe_intermediate_size / par.expert_tp
         flops = 2.0 * tokens_here * expert_params
         nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
-        self._op(acc, flops, nbytes, 2, count)
+        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, tokens * h)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts
-        self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1)
-        if par.ep > 1 and self.links.ep is not None:
-            # Dispatch and combine: each rank sends its share of routed token copies.
-            per_rank = routed / par.ep * h * self._ab
-            acc.comm += 2 * alltoall_time(per_rank, par.ep, self.links.ep) * count
+        self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1,
+                   label="gemm_moe_dense")
+        # Instances run TP attention, so the layer's all-reduce already combines the experts'
+        # outputs; data-parallel attention (dispatch/combine all-to-alls) is not built yet.
+        per_rank = routed / par.ep * h * self._ab
+        exchange = moe_token_exchange_time("tp", per_rank, par.ep, self.links.ep) * count
+        if exchange:
+            acc.add_comm(exchange, "moe_alltoall")
 
     def _lm_head(self, acc: _Acc, b: BatchShape) -> None:
         m, t = self.model, self.parallelism.tp
         if b.logits_seqs <= 0:
             return
         params = m.vocab_size * m.hidden_size / t
-        self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1)
-
-
-def _split_layers(layers: int, pp: int, balanced: bool = False) -> list[float]:
-    """Layers per stage: whole layers (earlier stages take the remainder), or equal shares."""
-    if balanced:
-        return [layers / pp] * pp
-    base, extra = divmod(layers, pp)
-    return [float(base + (1 if i < extra else 0)) for i in range(pp)]
-
-
-def _stage_moe_layers(model: ModelConfig, stage_layers: list[float]) -> list[float]:
-    out, start = [], 0.0
-    for n in stage_layers:
-        end = start + n
-        dense = max(0.0, min(end, model.first_dense_layers) - start) if model.is_moe else n
-        out.append(n - dense)
-        start = end
-    return out
+        self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1,
+                   label="lm_head", shapes=((m.vocab_size / t, m.hidden_size),))

@@ -8,11 +8,14 @@ An SRAM-only accelerator (Groq LPU) is a device whose ``memory_kind`` is ``sram`
 
 from __future__ import annotations
 
-from typing import Literal
+import itertools
+import math
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simulator.units import Precision
+from simulator.units import GIB, Precision
 
 
 class _Frozen(BaseModel):
@@ -77,6 +80,92 @@ class Efficiency(_Frozen):
         return self.memory_curve.at(nbytes) if self.memory_curve else self.memory
 
 
+OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "attention_decode",
+                        "moe", "moe_fp8", "elementwise"]
+
+
+class OperatorFit(_Frozen):
+    """Roofline of one operator family on one device, fitted on measured kernels.
+
+    With ``F`` FLOPs, ``B`` bytes, ``U`` parallel work units (GEMM rows; attention
+    sequences x heads) and ``R`` rows of per-row work (activation elements a low-precision
+    GEMM quantises; attention query rows)::
+
+        fill = U / (U + half_units)              # too few units leave SMs idle
+        t = max((F / fill + half_flops) / (peak * compute),
+                (B / fill + half_bytes) / (bw * memory)) + floor + R * per_row_ps
+
+    Zero work costs nothing. With work growing with the units it spreads over (F, B
+    proportional to U) the time never decreases, so the step stays monotone in its batch.
+    """
+
+    compute: float = Field(gt=0, le=1, description="Large-operator fraction of peak FLOP/s.")
+    half_flops: float = Field(ge=0, description="FLOPs at which compute efficiency is half.")
+    memory: float = Field(gt=0, le=1, description="Large-operator fraction of peak bandwidth.")
+    half_bytes: float = Field(ge=0, description="Bytes at which memory efficiency is half.")
+    half_units: float = Field(0.0, ge=0, description=(
+        "Parallel work units (GEMM rows, sequences x heads) at which efficiency is half."))
+    floor_us: float = Field(ge=0, description="Fixed latency of one kernel, microseconds.")
+    per_row_ps: float = Field(0.0, ge=0, description=(
+        "Time per row of per-row work (quantised activation element, query row), picoseconds."))
+    rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
+
+    def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
+              units: Any = 1.0) -> tuple[Any, Any]:
+        """Compute and memory seconds (floats or numpy arrays)."""
+        under = (units + self.half_units) / np.maximum(units, 1e-9) if self.half_units else 1.0
+        compute = (flops * under + self.half_flops) / (peak_flops * self.compute) * (flops > 0)
+        memory = (nbytes * under + self.half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
+        return compute, memory
+
+    def fixed(self, rows: Any = 0.0) -> Any:
+        """Seconds that do not depend on FLOPs or bytes: the floor and the per-row work."""
+        return self.floor_us * 1e-6 + rows * self.per_row_ps * 1e-12
+
+    def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
+                units: Any = 1.0, rows: Any = 0.0) -> Any:
+        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units)
+        return np.maximum(compute, memory) + self.fixed(rows)
+
+
+class CollectiveCurve(_Frozen):
+    """Measured time of the engine's all-reduce over ``ranks`` devices of one scale-up domain.
+
+    Knots ``[bytes, microseconds]`` as the engine runs it (custom one-/two-shot kernels for
+    small messages, NCCL above), interpolated in log-log; outside the knots the link's
+    alpha-beta model applies.
+    """
+
+    ranks: int = Field(ge=2, description="Devices in the all-reduce group.")
+    points: list[tuple[float, float]] = Field(min_length=2, description=(
+        "Message bytes and measured microseconds, increasing in bytes."))
+
+    @model_validator(mode="after")
+    def _increasing(self) -> CollectiveCurve:
+        sizes = [b for b, _ in self.points]
+        if any(b <= 0 for b in sizes) or any(t <= 0 for _, t in self.points):
+            raise ValueError("points must be positive")
+        if any(b2 <= b1 for b1, b2 in itertools.pairwise(sizes)):
+            raise ValueError("points must increase in bytes")
+        return self
+
+    def seconds(self, nbytes: float) -> float | None:
+        sizes = np.log([b for b, _ in self.points])
+        times = np.log([t for _, t in self.points])
+        if nbytes <= 0 or not sizes[0] <= math.log(nbytes) <= sizes[-1]:
+            return None
+        return float(np.exp(np.interp(math.log(nbytes), sizes, times))) * 1e-6
+
+
+class OperatorFits(_Frozen):
+    """Per-operator roofline constants of a device for one serving engine's kernels."""
+
+    source: str = Field(description="Package, version and tables the fits come from.")
+    fits: dict[OperatorClass, OperatorFit] = Field(description="Constants per operator family.")
+    allreduce: list[CollectiveCurve] = Field(default_factory=list, description=(
+        "The engine's all-reduce inside one scale-up domain, per group size."))
+
+
 class Price(_Frozen):
     usd_per_hour: float = Field(ge=0, description="Price of one device for one hour, USD.")
     date: str = Field(description="When the price was quoted (YYYY-MM or YYYY-MM-DD).")
@@ -100,13 +189,42 @@ class DeviceProfile(_Frozen):
     peak_tflops: dict[Precision, float] = Field(
         description="Dense (non-sparse) peak tensor rate per precision, TFLOP/s (TOP/s for int)."
     )
-    memory_capacity_gb: float = Field(gt=0, description="Memory per device, GB (1e9 bytes).")
+    memory_capacity_gib: float = Field(
+        gt=0, description=(
+            "Memory per device as the runtime sees it, GiB (2**30 bytes): the total CUDA/ROCm "
+            "reports, which serving engines multiply by their memory fraction. An '80 GB' "
+            "H100 is 80 GiB of HBM of which the runtime sees about 79.1 GiB."))
+    memory_capacity_source: str = Field(
+        description="Where the capacity comes from (driver/runtime report, datasheet).")
     memory_bandwidth_gb_per_s: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
     l2_cache_mb: float | None = Field(None, ge=0, description="Last-level cache, MB.")
+    kernel_tables: str | None = Field(None, description=(
+        "System name of this device in NVIDIA AIConfigurator's measured kernel tables "
+        "(`h100_sxm`, ...), used by `cost.predictor: tables`; unset where none exist."))
     kernel_launch_us: float = Field(
         ge=0, description="Fixed cost per kernel (launch + tail), microseconds."
     )
     efficiency: Efficiency = Field(description="Achievable fractions of the peaks.")
+    operators: dict[str, OperatorFits] | None = Field(None, description=(
+        "Per-operator roofline constants fitted on measured kernel tables, per serving engine "
+        "(`vllm`, `trtllm`, `sglang`; other engines use vLLM's). Operators without a fit use "
+        "`efficiency` and `kernel_launch_us`."))
+
+    def operator_fits(self, engine: str | None) -> dict[str, OperatorFit]:
+        """The fits for ``engine`` (else vLLM's, else the first listed), or none."""
+        chosen = self._engine_fits(engine)
+        return {str(k): v for k, v in chosen.fits.items()} if chosen else {}
+
+    def _engine_fits(self, engine: str | None) -> OperatorFits | None:
+        if not self.operators:
+            return None
+        return (self.operators.get(engine or "vllm") or self.operators.get("vllm")
+                or next(iter(self.operators.values())))
+
+    def allreduce_curves(self, engine: str | None) -> dict[int, CollectiveCurve]:
+        """The engine's measured all-reduce curves by group size (same choice as the fits)."""
+        chosen = self._engine_fits(engine)
+        return {c.ranks: c for c in chosen.allreduce} if chosen else {}
     scale_up_link: str | None = Field(
         None, description="Link profile between devices of one scale-up domain (NVLink, C2C)."
     )
@@ -122,6 +240,16 @@ class DeviceProfile(_Frozen):
     price: Price | None = Field(None, description="Dated rental price, if known.")
     notes: str | None = Field(None, description="Caveats: uncertain figures, assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_decimal_capacity(cls, data: object) -> object:
+        if isinstance(data, dict) and "memory_capacity_gb" in data:
+            raise ValueError(
+                "memory_capacity_gb is no longer read: give memory_capacity_gib (binary GiB, "
+                "as the runtime reports it, e.g. 79.1 for an 80 GB H100) and "
+                "memory_capacity_source")
+        return data
 
     @model_validator(mode="after")
     def _has_a_rate(self) -> DeviceProfile:
@@ -141,7 +269,7 @@ class DeviceProfile(_Frozen):
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_capacity_gb * 1e9
+        return self.memory_capacity_gib * GIB
 
     @property
     def memory_bandwidth(self) -> float:

@@ -22,8 +22,10 @@ from simulator.hardware.registry import load_device, load_link
 from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.checks import check_model_settings
+from simulator.runner.kernel_tables import predictor_for
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
+from simulator.units import GIB
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,9 @@ def memory_error(model: ModelConfig, dev: DeviceProfile, par: Parallelism, mem: 
     need = mem.weight_bytes + mem.activation_bytes
     return (
         f"{model.name} does not fit on {dev.name} with tp={par.tp} pp={par.pp}: each device "
-        f"needs {mem.weight_bytes / 1e9:.1f} GB of {precision} weights + "
-        f"{mem.activation_bytes / 1e9:.1f} GB activations/runtime = {need / 1e9:.1f} GB, "
-        f"but has {mem.usable_bytes / 1e9:.1f} GB usable ({dev.memory_capacity_gb:g} GB x "
+        f"needs {mem.weight_bytes / GIB:.1f} GiB of {precision} weights + "
+        f"{mem.activation_bytes / GIB:.1f} GiB activations/runtime = {need / GIB:.1f} GiB, "
+        f"but has {mem.usable_bytes / GIB:.1f} GiB usable ({dev.memory_capacity_gib:g} GiB x "
         f"{util:g}); raise tp or pp, use lower-precision weights, or a larger device"
     )
 
@@ -323,15 +325,18 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         pool_places = placements[cursor: cursor + pool.max_instances]
         cursor += pool.max_instances
         costs: list[InstanceCostModel] = []
+        predictor_class, tables = predictor_for(scenario.cost, dev, engine.name, file)
         for place_ in pool_places:
             links = instance_links(place_, par, file, key)
             try:
-                costs.append(InstanceCostModel(
+                costs.append(predictor_class(
                     model, dev, par, r.precisions, links,
                     step_overhead_s=engine.step_overhead_us * 1e-6,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
                     moe_imbalance=pool.moe_imbalance,
+                    engine=engine.name,
+                    **tables,
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
@@ -341,7 +346,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                                  file=file, key=f"{key}.parallelism")
         if mem.kv_capacity_blocks < 1:
             raise MemoryFitError(
-                f"no room for KV cache on {dev.name}: {mem.kv_bytes / 1e9:.2f} GB left after "
+                f"no room for KV cache on {dev.name}: {mem.kv_bytes / GIB:.2f} GiB left after "
                 f"weights and activations; raise tp or pp, lower max_num_batched_tokens, or "
                 f"use a larger device", file=file, key=f"{key}.parallelism")
         if max_prompt is not None and pool.role != "prefill" and max_prompt + 1 > mem.kv_capacity_tokens:

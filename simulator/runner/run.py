@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from simulator.cost.predictor import predictor_summary
 from simulator.engine.autoscaler import Autoscaler
 from simulator.engine.cluster import Cluster, TransferPlan
 from simulator.engine.faults import start_faults
@@ -126,6 +127,7 @@ class Simulation:
         summary["retries"] = cluster.retries
         if workload.trace is not None:
             summary["trace_rows_skipped"] = sum(workload.trace.skipped.values())
+        summary.update(predictor_summary([spec.cost for spec in plan.instances]))
         events = pd.DataFrame(recorder.events, columns=["time_s", "kind", "detail"])
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.

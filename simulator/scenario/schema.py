@@ -163,6 +163,18 @@ class SimulationSpec(Spec):
         "Sampling interval of the monitoring time series (`RunResult.monitoring()`)."))
 
 
+class CostSpec(Spec):
+    predictor: Literal["roofline", "fitted", "tables"] = Field("roofline", description=(
+        "How step times are priced: `roofline` (device-wide efficiency factors), `fitted` "
+        "(per-operator constants and the engine's measured all-reduce, fitted on measured "
+        "kernel tables and stored in the device profiles; no extra dependency) or `tables` "
+        "(NVIDIA AIConfigurator's measured kernel tables for the pool's device and engine, "
+        "interpolated, with the fitted roofline outside their range; needs "
+        "`pip install 'disagg-sim[kernels]'`)."))
+    tables_version: str | None = Field(None, description=(
+        "Engine version of the kernel tables (e.g. `0.24.0` for vLLM); newest when unset."))
+
+
 class Scenario(Spec):
     name: str = Field("scenario", description="Scenario name.")
     description: str = Field("", description="What the scenario shows.")
@@ -179,6 +191,8 @@ class Scenario(Spec):
         "Failures, link degradations and stragglers to inject."))
     simulation: SimulationSpec = Field(default_factory=SimulationSpec,  # type: ignore[arg-type]
                                        description="Clock and engine options.")
+    cost: CostSpec = Field(default_factory=CostSpec,  # type: ignore[arg-type]
+                           description="Which step-time predictor prices the steps.")
 
     _source: str | None = PrivateAttr(None)
     """The YAML file this scenario was loaded from (relative paths resolve against it)."""

@@ -1,0 +1,376 @@
+"""Fit per-operator roofline constants on NVIDIA AIConfigurator's measured kernel tables.
+
+    pip install 'disagg-sim[kernels]'         # or: --data DIR (an unpacked systems/data)
+    python -m simulator.validation.kernel_fit --markdown            # errors only
+    python -m simulator.validation.kernel_fit --write               # and update profiles
+
+For every device profile that names its ``kernel_tables`` system, and one engine's tables
+(``--engine``, vLLM by default, its newest version), each operator family gets the
+roofline of :func:`simulator.cost.roofline.operator_time`::
+
+    t = max((F + F_half) / (peak * eta_c), (B + B_half) / (bw * eta_m)) + floor
+
+five constants fitted by least squares on log(predicted / measured) (relative errors, so
+a 5 us kernel counts as much as a 50 ms one). Shapes are split before fitting: a quarter
+of the distinct weight shapes (GEMM ``n x k``; attention head layouts; MoE model layouts)
+is held out by a stable hash and never seen by the fit; the reported errors are on those
+held-out shapes, with today's device-wide constants ("before") and the fit ("after").
+
+Only the per-operator tables are read (``gemm_perf``, ``context_attention_perf``,
+``generation_attention_perf``, ``moe_perf``); nothing else in the package is opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.cost.collectives import allreduce_time
+from simulator.cost.roofline import op_time
+from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
+from simulator.hardware.registry import device_names, load_device, load_link, profiles_dir
+from simulator.runner.kernel_tables import (
+    _pick_version,
+    package_version,
+    plain_attention,
+    tables_root,
+)
+from simulator.units import bytes_per_element
+from simulator.validation.calibrate import levenberg_marquardt
+
+HOLDOUT_SHARE = 0.25
+MAX_FIT_ROWS = 6000
+_KV = {"bfloat16": "bf16", "fp8": "fp8"}
+_GEMM = {"bfloat16": ("gemm", "bf16"), "fp8": ("gemm_fp8", "fp8"), "nvfp4": ("gemm_fp4", "fp4")}
+
+
+@dataclass(frozen=True)
+class Samples:
+    """One operator family's measurements: work, precision, time and hold-out mask."""
+
+    op: str
+    precision: str
+    flops: np.ndarray
+    nbytes: np.ndarray
+    units: np.ndarray
+    rows: np.ndarray
+    seconds: np.ndarray
+    held_out: np.ndarray
+    source: str
+
+
+def _held_out(keys: pd.Series) -> np.ndarray:
+    """Stable per-shape split: crc32 of the shape key, a quarter of the distinct keys."""
+    codes = {k: zlib.crc32(k.encode()) % 1000 < HOLDOUT_SHARE * 1000 for k in keys.unique()}
+    return keys.map(codes).to_numpy(bool)
+
+
+def gemm_samples(folder: Path) -> list[Samples]:
+    g = pd.read_parquet(folder / "gemm_perf.parquet")
+    out = []
+    for dtype, (op, precision) in _GEMM.items():
+        part = g[g["gemm_dtype"] == dtype]
+        if part.empty:
+            continue
+        part = part.groupby(["m", "n", "k"])["latency"].min().reset_index()
+        m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
+        b = bytes_per_element(precision)
+        nbytes = (m * k + k * n) * b + m * n * 2.0
+        keys = part["n"].astype(str) + "x" + part["k"].astype(str)
+        out.append(Samples(op, precision, 2 * m * n * k, nbytes, m, m * k,
+                           part["latency"].to_numpy(float) * 1e-3, _held_out(keys),
+                           f"{folder}/gemm_perf.parquet ({dtype})"))
+    return out
+
+
+def attention_samples(folder: Path) -> list[Samples]:
+    out = []
+    for name, op in (("context_attention_perf.parquet", "attention_prefill"),
+                     ("generation_attention_perf.parquet", "attention_decode")):
+        if not (folder / name).is_file():
+            continue
+        a = plain_attention(pd.read_parquet(folder / name))
+        a = a[a["kv_cache_dtype"].isin(_KV)]
+        shape = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
+                 "kv_cache_dtype"]
+        a = a.groupby(shape)["latency"].min().reset_index()
+        batch, isl, step, heads, kvh, hd = (a[c].to_numpy(float) for c in shape[:6])
+        kvb = a["kv_cache_dtype"].map({"bfloat16": 2.0, "fp8": 1.0}).to_numpy(float)
+        if op == "attention_prefill":
+            pairs = isl * (isl + 1) / 2
+            flops = 4 * heads * hd * pairs * batch
+            nbytes = batch * isl * (2 * kvh * hd * kvb + 2 * heads * hd * 2)
+            units, rows = batch * heads, batch * isl * heads
+        else:
+            kv = isl + step
+            flops = 4 * heads * hd * kv * batch
+            nbytes = batch * (kv * 2 * kvh * hd * kvb + 2 * heads * hd * 2)
+            units, rows = batch * kvh, batch * heads
+        keys = (a["num_heads"].astype(str) + "/" + a["num_key_value_heads"].astype(str) + "/"
+                + a["head_dim"].astype(str))
+        out.append(Samples(op, "bf16", flops, nbytes, units, rows, a["latency"].to_numpy(float) * 1e-3,
+                           _held_out(keys), f"{folder}/{name}"))
+    return out
+
+
+def moe_samples(folder: Path) -> list[Samples]:
+    path = folder / "moe_perf.parquet"
+    if not path.is_file():
+        return []
+    mo = pd.read_parquet(path)
+    mo = mo[(mo["distribution"] == "balanced") & mo["moe_dtype"].isin(["bfloat16", "fp8"])]
+    shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+             "moe_ep_size", "moe_dtype"]
+    mo = mo.groupby(shape)["latency"].min().reset_index()
+    out = []
+    for dtype, precision in (("bfloat16", "bf16"), ("fp8", "fp8")):
+        p = mo[mo["moe_dtype"] == dtype]
+        if p.empty:
+            continue
+        tokens, h, inter, topk, experts, tp, ep = (p[c].to_numpy(float) for c in shape[:7])
+        expert = 3 * h * inter / tp
+        experts_here = experts / ep
+        p_hit = 1.0 - (1.0 - topk / experts) ** tokens
+        tokens_here = tokens * topk / ep
+        flops = 2 * tokens_here * expert
+        nbytes = (experts_here * p_hit * expert * bytes_per_element(precision)
+                  + tokens_here * (2 * h + 2 * inter / tp) * 2)
+        keys = p[shape[1:7]].astype(str).agg("/".join, axis=1)
+        out.append(Samples("moe" if precision == "bf16" else "moe_fp8", precision, flops,
+                           nbytes, tokens_here, tokens * h, p["latency"].to_numpy(float) * 1e-3,
+                           _held_out(keys), f"{path} ({dtype}, balanced)"))
+    return out
+
+
+def _sig(v: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(min(v, 40.0), -40.0)))
+
+
+def _exp(v: float) -> float:
+    return math.exp(min(v, 40.0))
+
+
+def _to_fit(x: np.ndarray, rows: int) -> OperatorFit:
+    return OperatorFit(compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
+                       half_bytes=_exp(x[3]), floor_us=_exp(x[4]), half_units=_exp(x[5]),
+                       per_row_ps=_exp(x[6]), rows=rows)
+
+
+def _rounded(f: OperatorFit) -> OperatorFit:
+    def sig4(v: float) -> float:
+        return float(f"{v:.4g}") if v > 1e-6 else 0.0  # a term the fit switched off
+    return OperatorFit(compute=round(f.compute, 4), half_flops=sig4(f.half_flops),
+                       memory=round(f.memory, 4), half_bytes=sig4(f.half_bytes),
+                       half_units=sig4(f.half_units), floor_us=round(f.floor_us, 3),
+                       per_row_ps=sig4(f.per_row_ps), rows=f.rows)
+
+
+def fit(samples: Samples, device: DeviceProfile) -> OperatorFit:
+    """Least squares on log(predicted / measured) over the shapes not held out."""
+    peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
+    idx = np.flatnonzero(~samples.held_out)
+    if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
+        idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
+    f, b, u, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.units, samples.rows))
+    log_t = np.log(samples.seconds[idx])
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return np.log(_to_fit(x, 0).seconds(peak, bw, f, b, u, r)) - log_t
+
+    best: tuple[np.ndarray, float] | None = None
+    starts = ((0.7, 1e9, 1e6, 5.0, 1.0, 1.0), (0.5, 1e10, 1e7, 10.0, 30.0, 100.0),
+              (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
+    for c0, fh0, bh0, fl0, uh0, rp0 in starts:
+        x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
+                       math.log(fl0), math.log(uh0), math.log(rp0)])
+        x, cost = levenberg_marquardt(residual, x0, iterations=150)
+        if best is None or cost < best[1]:
+            best = (x, cost)
+    assert best is not None
+    return _rounded(_to_fit(best[0], int((~samples.held_out).sum())))
+
+
+def allreduce_curves(folder: Path, device: DeviceProfile,
+                     engine: str) -> tuple[list[CollectiveCurve], list[dict[str, Any]]]:
+    """The engine's all-reduce per group size: knots on every other measured size.
+
+    The sizes between the knots are held out and report the error of the curve
+    ("after") and of the scale-up link's alpha-beta model ("before").
+    """
+    c = pd.read_parquet(folder / "custom_allreduce_perf.parquet")
+    if "backend" in c and c["backend"].astype(str).str.endswith("graph").any():
+        c = c[c["backend"].astype(str).str.endswith("graph")]  # CUDA-graph capture, as served
+    link = load_link(device.scale_up_link) if device.scale_up_link else None
+    curves, rows = [], []
+    for ranks, part in c.groupby("num_gpus"):
+        n = int(ranks)  # type: ignore[arg-type]
+        med = part.groupby("message_size")["latency"].median().sort_index() * 1e3  # us
+        sizes, us = med.index.to_numpy(float), med.to_numpy(float)
+        knots = np.zeros(len(sizes), bool)
+        knots[::2] = True
+        knots[-1] = True
+        curve = CollectiveCurve(ranks=n, points=[(float(b), round(float(t), 3))
+                                                 for b, t in zip(sizes[knots], us[knots],
+                                                                 strict=True)])
+        curves.append(curve)
+        held = ~knots
+        if link is None or not held.any():
+            continue
+        after = np.array([curve.seconds(b) or math.nan for b in sizes[held]]) * 1e6
+        before = np.array([allreduce_time(b, n, link) for b in sizes[held]]) * 1e6
+        meas = us[held]
+        rows.append({"device": device.name, "engine": engine, "op": f"allreduce_{n}", "kept": True,
+                     "held_out_rows": int(held.sum()), "fit_rows": int(knots.sum()),
+                     "median_ape_before": round(float(np.median(_ape(before, meas))), 1),
+                     "median_ape_after": round(float(np.median(_ape(after, meas))), 1),
+                     "p90_ape_after": round(float(np.percentile(_ape(after, meas), 90)), 1),
+                     "median_error_after": round(float(np.median(after / meas - 1) * 100), 1)})
+    return curves, rows
+
+
+def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return np.abs(pred / meas - 1) * 100
+
+
+def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
+    """Median APE on (a thinned set of) the fitted shapes; ``None``: device-wide constants."""
+    idx = np.flatnonzero(~samples.held_out)
+    idx = idx[np.linspace(0, len(idx) - 1, min(len(idx), 2000)).astype(int)]
+    f, b, t = samples.flops[idx], samples.nbytes[idx], samples.seconds[idx]
+    if fitted is None:
+        pred = np.array([op_time(device, samples.precision, fi, bi).seconds
+                         for fi, bi in zip(f, b, strict=True)])
+    else:
+        pred = fitted.seconds(device.peak_flops(samples.precision), device.memory_bandwidth, f, b,
+                              samples.units[idx], samples.rows[idx])
+    return float(np.median(_ape(pred, t)))
+
+
+def evaluate(samples: Samples, device: DeviceProfile, fitted: OperatorFit) -> dict[str, Any]:
+    ho = samples.held_out
+    f, b, t = samples.flops[ho], samples.nbytes[ho], samples.seconds[ho]
+    before = np.array([op_time(device, samples.precision, fi, bi).seconds
+                       for fi, bi in zip(f, b, strict=True)])
+    after = fitted.seconds(device.peak_flops(samples.precision), device.memory_bandwidth, f, b,
+                           samples.units[ho], samples.rows[ho])
+    return {"op": samples.op, "held_out_rows": int(ho.sum()), "fit_rows": fitted.rows,
+            "median_ape_before": round(float(np.median(_ape(before, t))), 1),
+            "median_ape_after": round(float(np.median(_ape(after, t))), 1),
+            "p90_ape_after": round(float(np.percentile(_ape(after, t), 90)), 1),
+            "median_error_after": round(float(np.median(after / t - 1) * 100), 1)}
+
+
+def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | None
+               ) -> tuple[dict[str, OperatorFit], list[CollectiveCurve], list[dict[str, Any]], str]:
+    assert device.kernel_tables is not None
+    base = root / device.kernel_tables
+    samples: list[Samples] = []
+    used = []
+    for op, needs, reader in (("gemm", "gemm_perf.parquet", gemm_samples),
+                              ("attention", "context_attention_perf.parquet", attention_samples),
+                              ("moe", "moe_perf.parquet", moe_samples)):
+        folder = _pick_version(base / op / engine, version, needs)
+        if folder is None:
+            continue
+        used.append(f"{op}/{engine}/{folder.name}")
+        samples += reader(folder)
+    fits: dict[str, OperatorFit] = {}
+    rows: list[dict[str, Any]] = []
+    curves: list[CollectiveCurve] = []
+    comm = _pick_version(base / "comm" / engine, version, "custom_allreduce_perf.parquet")
+    if comm is not None:
+        used.append(f"comm/{engine}/{comm.name}")
+        curves, rows = allreduce_curves(comm, device, engine)
+    for s in samples:
+        if (~s.held_out).sum() < 20 or s.held_out.sum() < 5:
+            continue
+        fitted = fit(s, device)
+        row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
+        # Keep a fit only where it beats the device-wide constants on the shapes it was
+        # fitted on (the held-out shapes are never used to choose).
+        row["kept"] = training_ape(s, device, fitted) < training_ape(s, device, None)
+        if row["kept"]:
+            fits[s.op] = fitted
+        rows.append(row)
+    source = (f"aiconfigurator-core {package_version(root)} systems/data/{device.kernel_tables}/"
+              f"{{{', '.join(used)}}} (fitted by simulator/validation/kernel_fit.py, "
+              f"{int(HOLDOUT_SHARE * 100)} % of shapes held out)")
+    return fits, curves, rows, source
+
+
+def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
+                  curves: list[CollectiveCurve], engine: str, source: str) -> Path:
+    """Rewrite the ``operators:`` block at the end of the device's YAML (other engines kept)."""
+    path = next(p for p in sorted((profiles_dir() / "devices").glob("*.yaml"))
+                if load_device(p.stem).name == device.name)
+    engines: dict[str, tuple[str, dict[str, OperatorFit], list[CollectiveCurve]]] = {
+        name: (f.source, {str(k): v for k, v in f.fits.items()}, list(f.allreduce))
+        for name, f in (device.operators or {}).items()}
+    engines[engine] = (source, fits, curves)
+    text = path.read_text()
+    text = re.sub(r"\n# Per-operator roofline.*\Z", "\n", text, flags=re.S).rstrip() + "\n"
+    block = ["", "# Per-operator roofline fitted on measured kernel tables, per serving engine;",
+             "# regenerate with: python -m simulator.validation.kernel_fit --write", "operators:"]
+    for name, (src, engine_fits, engine_curves) in sorted(engines.items()):
+        block += [f"  {name}:", f"    source: \"{src}\"", "    fits:" if engine_fits else "    fits: {}"]
+        for op, f in sorted(engine_fits.items()):
+            fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
+                               for k, v in f.model_dump().items())
+            block.append(f"      {op}: {{{fields}}}")
+        if engine_curves:
+            block.append("    allreduce:   # [bytes, microseconds]")
+        for c in engine_curves:
+            knots = ", ".join(f"[{b:.0f}, {t:g}]" for b, t in c.points)
+            block.append(f"      - {{ranks: {c.ranks}, points: [{knots}]}}")
+    path.write_text(text + "\n".join(block) + "\n")
+    load_device.cache_clear()
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, help="systems/data folder (default: installed package)")
+    parser.add_argument("--engine", default="vllm", help="Engine whose tables to fit (vllm).")
+    parser.add_argument("--version", help="Engine version of the tables (default: newest).")
+    parser.add_argument("--device", action="append", help="Device profile(s) (default: all).")
+    parser.add_argument("--write", action="store_true", help="Write the fits into the profiles.")
+    parser.add_argument("--json", type=Path, help="Write the error table as JSON.")
+    parser.add_argument("--markdown", action="store_true", help="Print the error table.")
+    args = parser.parse_args(argv)
+    root = args.data or tables_root()
+    if root is None:
+        sys.exit("kernel_fit needs the tables: pip install 'disagg-sim[kernels]' or --data DIR")
+    names = args.device or [n for n in device_names() if load_device(n).kernel_tables]
+    table: list[dict[str, Any]] = []
+    for name in names:
+        device = load_device(name)
+        if device.kernel_tables is None or not (root / device.kernel_tables).is_dir():
+            continue
+        fits, curves, rows, source = fit_device(root, device, args.engine, args.version)
+        table += rows
+        if args.write and (fits or curves):
+            path = write_profile(device, fits, curves, args.engine, source)
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=1) + "\n")
+    if args.markdown or not args.json:
+        cols = ("device", "engine", "op", "fit_rows", "held_out_rows", "median_ape_before",
+                "median_ape_after", "p90_ape_after", "median_error_after", "kept")
+        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+        for r in table:
+            print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Per-operator roofline constants and measured all-reduce curves in the device profiles."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cost import BatchShape, InstanceCostModel, LinkSet, Parallelism, allreduce_time
+from simulator.hardware import load_device, load_link
+from simulator.hardware.profiles import CollectiveCurve, OperatorFit
+from simulator.models import get_model
+
+FIT = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=1e6, half_units=30.0,
+                  floor_us=5.0, per_row_ps=2.0)
+H100 = load_device("H100-SXM")
+NVL = load_link("nvlink4")
+M8 = get_model("Llama-3.1-8B")
+
+pos = st.floats(min_value=1.0, max_value=1e14, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pos, pos, st.floats(1.0, 1e5), st.floats(1.0, 4.0))
+def test_fitted_roofline_never_decreases_when_work_grows(f: float, b: float, u: float,
+                                                         grow: float) -> None:
+    """More work on the same units, or work growing with its units, never takes less time."""
+    base = FIT.seconds(1e15, 3e12, f, b, u, u)
+    assert base > 0
+    assert FIT.seconds(1e15, 3e12, f * grow, b * grow, u, u) >= base
+    assert FIT.seconds(1e15, 3e12, f * grow, b * grow, u * grow, u * grow) >= base
+
+
+def test_fitted_roofline_pieces() -> None:
+    # Large work on many units: the efficiency terms; small work: the floor.
+    big = FIT.seconds(1e15, 3e12, 1e15, 0.0, 1e9)
+    assert big == pytest.approx((1e15 + 1e9) / (0.7e15) + 5e-6, rel=1e-6)
+    assert FIT.seconds(1e15, 3e12, 0.0, 0.0) == pytest.approx(5e-6)
+    assert FIT.seconds(1e15, 3e12, 0.0, 0.0, 1, 1e6) == pytest.approx(5e-6 + 2e-6)
+
+
+def test_collective_curve_interpolates_in_log_log_and_stops_at_its_ends() -> None:
+    curve = CollectiveCurve(ranks=8, points=[(1e3, 5.0), (1e5, 5.0), (1e7, 500.0)])
+    assert curve.seconds(1e4) == pytest.approx(5e-6)
+    assert curve.seconds(1e6) == pytest.approx(50e-6)
+    assert curve.seconds(1e2) is None
+    assert curve.seconds(1e8) is None
+    with pytest.raises(ValueError, match="increase"):
+        CollectiveCurve(ranks=2, points=[(10, 1.0), (5, 2.0)])
+
+
+def test_profiles_carry_fits_with_their_source_per_engine() -> None:
+    for name in ("H100-SXM", "H200-SXM", "B200", "A100-SXM-80GB"):
+        ops = load_device(name).operators
+        assert ops is not None
+        assert "vllm" in ops
+        assert "aiconfigurator-core" in ops["vllm"].source
+        assert {"attention_prefill", "attention_decode"} <= set(ops["vllm"].fits)
+        assert ops["vllm"].allreduce
+    # Devices without measured tables keep the device-wide efficiencies.
+    assert load_device("MI300X").operators is None
+    assert load_device("GroqLPU-v1").operators is None
+
+
+def test_small_all_reduce_is_the_engines_custom_kernel_not_nccl() -> None:
+    """vLLM's custom all-reduce on 8 H100s takes ~5 us for a decode message; NCCL ~16 us.
+
+    A TP8 decode step prices its all-reduces from the engine's measured curve, which the
+    link's NCCL-fitted alpha-beta model overestimated ~3x for small messages.
+    """
+    curve = H100.allreduce_curves("vllm")[8]
+    nbytes = M8.hidden_size * 2  # one decoding sequence, bf16
+    measured = curve.seconds(nbytes)
+    assert measured is not None
+    assert measured < 8e-6
+    assert allreduce_time(nbytes, 8, NVL) > 2 * measured
+    cm = InstanceCostModel(M8, H100, Parallelism(tp=8), links=LinkSet(tp=NVL), engine="vllm",
+                           fitted=True)
+    ops = cm.breakdown(BatchShape.decode(1, 500))
+    assert ops["allreduce"] == pytest.approx(2 * M8.num_layers * measured)
+
+
+def test_fits_follow_the_engine_and_fall_back_for_others() -> None:
+    shape = BatchShape.decode(32, 32 * 2000)
+    vllm = InstanceCostModel(M8, H100, engine="vllm", fitted=True).step(shape).seconds
+    trt = InstanceCostModel(M8, H100, engine="trtllm", fitted=True).step(shape).seconds
+    assert vllm != trt
+    other = InstanceCostModel(M8, H100, engine="groq", fitted=True).step(shape).seconds
+    assert other == pytest.approx(vllm)  # an engine without fits uses vLLM's
+    plain = InstanceCostModel(M8, H100, engine="vllm").step(shape).seconds
+    assert plain != pytest.approx(vllm)  # the default roofline keeps device-wide factors
+
+
+def test_decode_series_matches_steps_with_fitted_attention() -> None:
+    import numpy as np
+
+    cm = InstanceCostModel(M8, H100, engine="vllm", graph_launch_factor=0.5, fitted=True)
+    ctx = np.array([1000, 1064, 5000, 100_000])
+    series = cm.decode_series(64, ctx)
+    for j, c in enumerate(ctx):
+        assert series.seconds[j] == pytest.approx(cm.step(BatchShape.decode(64, int(c))).seconds,
+                                                  rel=1e-9)
+
+
+def test_fitted_predictor_from_the_scenario() -> None:
+    from simulator.runner.run import Simulation
+    from tests.conftest import make_scenario
+
+    fitted = Simulation(make_scenario(**{"cost.predictor": "fitted"})).run()
+    plain = Simulation(make_scenario()).run()
+    assert fitted.summary["cost_predictor"] == "fitted"
+    assert plain.summary["cost_predictor"] == "roofline"
+    assert fitted.summary["e2e_mean_s"] != pytest.approx(plain.summary["e2e_mean_s"])
+
+
+def test_kernel_fit_recovers_a_known_operator_on_held_out_shapes() -> None:
+    """The fit script's solver, on synthetic timings from known constants (no extra needed)."""
+    import numpy as np
+
+    from simulator.validation.kernel_fit import Samples, evaluate, fit, training_ape
+
+    true = OperatorFit(compute=0.75, half_flops=5e8, memory=0.85, half_bytes=2e6, half_units=4.0,
+                       floor_us=3.0, per_row_ps=1.0)
+    rng = np.random.default_rng(0)
+    m = rng.integers(1, 8192, 600).astype(float)
+    n = rng.choice([1024.0, 4096.0, 8192.0, 14336.0], 600)
+    k = rng.choice([1024.0, 4096.0, 8192.0], 600)
+    flops, nbytes = 2 * m * n * k, (m * k + k * n) * 2 + m * n * 2
+    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
+    seconds = true.seconds(peak, bw, flops, nbytes, m, m * k)
+    held_out = n == 14336.0  # whole weight shapes the fit never sees
+    samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, held_out, "synthetic")
+    fitted = fit(samples, H100)
+    row = evaluate(samples, H100, fitted)
+    assert row["held_out_rows"] == int(held_out.sum())
+    assert row["median_ape_after"] < 1.0
+    assert training_ape(samples, H100, fitted) < training_ape(samples, H100, None)
