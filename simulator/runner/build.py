@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from simulator.cost.host import host_model
 from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.step import InstanceCostModel, LinkSet
@@ -179,7 +180,7 @@ def _plan_for(model: ModelConfig, r: _Resolved, par: Parallelism) -> MemoryPlan:
     return plan_memory(
         model, r.device, par, r.precisions, memory_utilization=r.util, block_size=r.block,
         max_batched_tokens=sched.max_num_batched_tokens, max_seqs=sched.max_num_seqs,
-        runtime_reserve_gib=r.engine.runtime_reserve_gib,
+        runtime_reserve_gib=r.engine.runtime_reserve_gib + r.engine.cuda_graph_reserve_gib,
         kv_elements_per_token_per_layer_device=probe.kv_elements_per_token_per_layer_device(),
     )
 
@@ -332,6 +333,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
                     moe_imbalance=pool.moe_imbalance,
+                    host=host_model(engine, pool.scheduler.max_num_seqs),
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
