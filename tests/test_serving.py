@@ -350,3 +350,27 @@ def test_report_keeps_calibration_apart_and_writes_its_section(tmp_path: Path) -
     assert "Validation, MoE models" in text
     assert (tmp_path / "img" / "parity.png").stat().st_size > 1000
     assert long_errors(simulate_rows(read_serving(folder / "serving_other.csv"))).shape[0] == 2
+
+
+def test_operator_csv_takes_the_same_aliases(tmp_path: Path) -> None:
+    from simulator.validation.ops import predict, read_ops
+
+    rows = [{"OP": "GEMM", "Device": "NVIDIA H100 80GB HBM3", "DType": "BFloat16", "m": 128,
+             "n": 4096, "k": 4096, "measured_latency_us": 30.0, "source": "test"},
+            {"OP": "gemm", "Device": "H100-SXM", "DType": "bf16", "m": 128,
+             "n": 4096, "k": 4096, "measured_latency_us": 30.0, "source": "test"}]
+    df = read_ops(_csv(tmp_path, rows, "ops.csv"))
+    assert list(df["dtype"]) == ["bf16", "bf16"]
+    assert list(df["device"]) == ["H100-SXM", "H100-SXM"]
+    pred = predict(df)
+    assert pred["predicted_latency_us"].iloc[0] == pred["predicted_latency_us"].iloc[1]
+    with pytest.raises(ConfigError, match="needs dtype"):
+        read_ops(_csv(tmp_path, [{**rows[1], "DType": "bfloat17"}], "bad.csv"))
+
+
+def test_errors_give_the_file_line_after_comments(tmp_path: Path) -> None:
+    path = _csv(tmp_path, [ROW, {**ROW, "tp": 0}])
+    path.write_text("# a comment\n\n" + path.read_text())
+    with pytest.raises(ConfigError) as info:
+        read_serving(path)
+    assert info.value.key == "row 2 (line 5).tp"

@@ -249,6 +249,7 @@ class Workload:
         self.exhausted = self._closed_left == 0
         for _ in range(first):
             self._issue_next()
+        self._check_done()
 
     def _issue_next(self) -> None:
         prompt, output, group, p_tokens = next(self._lengths)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -74,6 +75,11 @@ class ServingEngineProfile(BaseModel):
     block_size: int = Field(gt=0, description="Default KV block size in tokens.")
     memory_utilization: float = Field(gt=0, le=1, description=(
         "Default fraction of device memory the engine may use."))
+    memory_fraction_of: Literal["device", "free_after_weights"] = Field("device", description=(
+        "What memory_utilization is a fraction of: the whole device, weights and "
+        "activations included (vLLM gpu_memory_utilization, SGLang mem_fraction_static), "
+        "or the memory left after weights and the activation peak (TensorRT-LLM "
+        "free_gpu_memory_fraction)."))
     runtime_reserve_gib: float = Field(ge=0, description=(
         "Memory held by the runtime outside weights, KV and activations (CUDA context, "
         "graphs, NCCL buffers), GiB per device."))

@@ -110,6 +110,23 @@ def precision(value: object) -> str:
                      "(or an alias such as bfloat16, float16, fp8_e4m3, nvfp4)")
 
 
+def precision_or_same(value: object) -> object:
+    """The canonical precision of a cell, or the cell unchanged when it is not one (so the
+    caller's own check reports it with the allowed values)."""
+    try:
+        return precision(value)
+    except ValueError:
+        return value
+
+
+def device_or_same(value: object, known: list[str]) -> object:
+    """The shipped profile a device name means, or the name unchanged."""
+    try:
+        return device(value, known)
+    except ValueError:
+        return value
+
+
 def engine(value: object) -> str:
     """``vLLM``, ``TensorRT-LLM``, ``SGLang`` ... -> an engine profile name."""
     key = _key(value).replace(" ", "")

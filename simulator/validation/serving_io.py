@@ -44,10 +44,6 @@ def _present(value: object) -> bool:
     return str(value).strip() != ""
 
 
-def _where(i: int, col: str, line_offset: int = 2) -> str:
-    return f"row {i + 1} (line {i + line_offset}).{col}"
-
-
 def _number(value: object, col: str, where: str, file: str, *, integer: bool) -> float | None:
     if not _present(value):
         return None
@@ -63,16 +59,21 @@ def _number(value: object, col: str, where: str, file: str, *, integer: bool) ->
 
 
 def normalise(records: Iterable[Mapping[Any, Any]], file: str, *, line_offset: int = 2,
-              defaults: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """Check and alias every record; the canonical frame (errors name row and column)."""
+              defaults: Mapping[str, Any] | None = None,
+              lines: list[int] | None = None) -> pd.DataFrame:
+    """Check and alias every record; the canonical frame (errors name row and column).
+
+    ``lines`` are the records' line numbers in the file (default: ``row + line_offset - 1``).
+    """
     devices, catalog = device_names(), model_names()
     out: list[dict[str, Any]] = []
     for i, raw in enumerate(records):
         rec = {**(defaults or {}), **{aliases.column(k): v for k, v in raw.items()}}
-        row: dict[str, Any] = {"file": file, "row": i + 1, "line": i + line_offset}
+        line = lines[i] if lines is not None and i < len(lines) else i + line_offset
+        row: dict[str, Any] = {"file": file, "row": i + 1, "line": line}
 
-        def key(col: str, i: int = i) -> str:
-            return _where(i, col, line_offset)
+        def key(col: str, i: int = i, line: int = line) -> str:
+            return f"row {i + 1} (line {line}).{col}"
 
         for col in REQUIRED:
             if not _present(rec.get(col)):
@@ -166,7 +167,18 @@ def read_csv(path: str | Path) -> pd.DataFrame:
     if not any(c in headers for c in MEASURED):
         raise ConfigError(f"needs at least one measured column: {', '.join(MEASURED)}",
                           file=file, key="header")
-    return normalise(df.to_dict("records"), file)
+    return normalise(df.to_dict("records"), file, lines=_data_lines(Path(path)))
+
+
+def _data_lines(path: Path) -> list[int]:
+    """Line numbers of the data rows: what is not blank, not a comment, not the header."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    numbers = [n for n, line in enumerate(text.splitlines(), 1)
+               if line.strip() and not line.lstrip().startswith("#")]
+    return numbers[1:]
 
 
 # ----- vllm bench serve --save-result ----------------------------------------------------

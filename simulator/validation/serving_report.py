@@ -77,9 +77,13 @@ def _table(frame: pd.DataFrame, columns: tuple[str, ...]) -> str:
         cells = []
         for c in columns:
             v = r.get(c, "")
-            cells.append(f"{v:,.4g}" if isinstance(v, float) else str(v))
+            cells.append(_fmt(v) if isinstance(v, float) else str(v))
         body += "| " + " | ".join(cells) + " |\n"
     return head + body
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _pct(frame: pd.DataFrame) -> pd.DataFrame:
