@@ -374,3 +374,18 @@ def test_errors_give_the_file_line_after_comments(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         read_serving(path)
     assert info.value.key == "row 2 (line 5).tp"
+
+
+def test_parallelism_columns_reach_the_scenario(tmp_path: Path) -> None:
+    from simulator.validation.serving import row_scenario
+
+    row = {**ROW, "model": "mistralai/Mixtral-8x7B-Instruct-v0.1", "tp": 4, "ep": 2, "dp": 3,
+           "request_rate": 2.0, "concurrency": None, "memory_utilization": 0.8,
+           "max_num_seqs": 64}
+    rec = read_serving(_csv(tmp_path, [row])).to_dict("records")[0]
+    sc = row_scenario(rec)
+    pool = sc.cluster.pools[0]
+    assert (pool.parallelism.tp, pool.parallelism.ep, pool.instances) == (4, 2, 3)
+    assert sc.workload.arrival.kind == "poisson"
+    assert (pool.scheduler.memory_utilization, pool.scheduler.max_num_seqs) == (0.8, 64)
+    assert sc.workload.num_requests == ROW["num_requests"]

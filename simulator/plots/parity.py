@@ -26,6 +26,8 @@ def parity_plot(errors: pd.DataFrame, title: str = "Serving: simulated vs measur
                        edgecolors=color, label=f"{metric} ({split})", s=30)
         lo = float(min(grp["measured"].min(), grp["predicted"].min())) / 1.5
         hi = float(max(grp["measured"].max(), grp["predicted"].max())) * 1.5
+        if hi / lo < 10:  # keep at least one labelled decade on each axis
+            lo, hi = 10 ** np.floor(np.log10(lo)), 10 ** np.ceil(np.log10(hi))
         line = np.geomspace(lo, hi, 50)
         ax.plot(line, line, color="black", lw=0.8)
         ax.fill_between(line, line / 1.1, line * 1.1, color="grey", alpha=0.2, lw=0)
