@@ -32,7 +32,7 @@ from simulator.validation.ops import (
     split_rows,
 )
 from simulator.validation.profile_io import file_digest, load_calibration
-from simulator.validation.serving import read_serving, row_scenario, simulate_rows
+from simulator.validation.serving import long_errors, read_serving, row_scenario, simulate_rows
 from tests.conftest import REPO, make_scenario
 
 runner = CliRunner()
@@ -249,28 +249,32 @@ def test_calibrate_unknown_device_rows(tmp_path: Path) -> None:
 
 # ----- serving validation ------------------------------------------------------------------
 SERVE = {"model": "Llama-3.1-8B", "device": "H100-SXM", "tp": 1, "engine": "vllm",
-         "precision": "bf16", "input_tokens": 256, "output_tokens": 32,
-         "arrival": "closed_loop", "concurrency": 4, "num_requests": 24,
+         "precision": "bf16", "input_len": 256, "output_len": 32,
+         "concurrency": 4, "num_requests": 24,
          "measured_ttft_ms": 40.0, "measured_tpot_ms": 9.0, "source": "test row"}
 
 
 def test_validate_serving_matches_a_direct_run(tmp_path: Path) -> None:
-    rows = [SERVE, {**SERVE, "arrival": "poisson", "concurrency": None, "rate_per_s": 5.0,
-                    "statistic": "median", "measured_output_tokens_per_s": 100.0,
+    rows = [SERVE, {**SERVE, "concurrency": None, "request_rate": 5.0,
+                    "statistic": "median", "measured_output_tok_s": 100.0,
                     "engine": "sglang"}]
     path = write_csv(tmp_path, rows, "serve.csv")
-    pred = simulate_rows(read_serving(path), file=str(path))
+    df = read_serving(path)
+    wide = simulate_rows(df, file=str(path))
+    pred = long_errors(wide)
     assert len(pred) == 5  # 2 metrics + 3 metrics
-    direct = run(row_scenario(rows[0])).summary
+    first = df.to_dict("records")[0]
+    direct = run(row_scenario(first)).summary
+    frontend = load_engine("vllm").frontend.round_trip_us * 1e-6
     ttft = pred[(pred["row"] == 1) & (pred["metric"] == "ttft_ms")].iloc[0]
-    assert ttft["predicted"] == pytest.approx(direct["ttft_mean_s"] * 1e3)
+    assert ttft["predicted"] == pytest.approx((direct["ttft_mean_s"] + frontend) * 1e3)
     assert ttft["error"] == pytest.approx(ttft["predicted"] / 40.0 - 1)
-    second = run(row_scenario(rows[1], 1)).summary
+    second = run(row_scenario(df.to_dict("records")[1])).summary
     tpot = pred[(pred["row"] == 2) & (pred["metric"] == "tpot_ms")].iloc[0]
     assert tpot["predicted"] == pytest.approx(second["tpot_p50_s"] * 1e3)
     res = runner.invoke(app, ["validate-serving", str(path), "--out", str(tmp_path / "p.csv")])
     assert res.exit_code == 0, res.output
-    assert "output_tokens_per_s" in res.output
+    assert "output_tok_s" in res.output
     assert "sglang" in res.output
 
 
@@ -278,7 +282,7 @@ def test_validate_serving_matches_a_direct_run(tmp_path: Path) -> None:
     ({"arrival": "bursty"}, "row 1 (line 2).arrival"),
     ({"measured_ttft_ms": None, "measured_tpot_ms": None}, "row 1 (line 2).measured_*"),
     ({"model": "GPT-5"}, "row 1 (line 2).model"),
-    ({"concurrency": None}, "row 1 (line 2).concurrency"),
+    ({"arrival": "closed_loop", "concurrency": None}, "row 1 (line 2).concurrency"),
     ({"model": "Llama-3.1-405B"}, "row 1 (line 2).cluster.pools[0].parallelism"),
 ])
 def test_bad_serving_rows(tmp_path: Path, change: dict[str, object], key: str) -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from simulator.cli.app import app
 from simulator.cli.render import make_console
+from simulator.errors import ConfigError
 
 
 def _pct(value: float) -> str:
@@ -138,42 +139,73 @@ def _print_fit(console: Console, cal: Any) -> None:
 
 @app.command("validate-serving")
 def validate_serving(
-    results: Annotated[Path, typer.Argument(help="Serving-results CSV (format: "
-                                                 "docs/VALIDATION.md).")],
+    results: Annotated[list[Path] | None, typer.Argument(help=(
+        "Serving-results CSV files and/or `vllm bench serve --save-result` JSON files "
+        "(format: docs/VALIDATION.md)."))] = None,
     max_requests: Annotated[int | None, typer.Option(min=1, help=(
         "Simulate at most this many requests per row (faster; throughput of an offline "
         "run then includes more ramp-up and drain)."))] = None,
-    out: Annotated[Path | None, typer.Option(help="Write every row with its prediction "
-                                                  "(CSV).")] = None,
+    out: Annotated[Path | None, typer.Option(help=(
+        "Write a wide CSV: every input column plus predicted_ttft_ms, predicted_tpot_ms, "
+        "predicted_itl_ms, predicted_e2e_ms, predicted_output_tok_s."))] = None,
+    device: Annotated[str | None, typer.Option(help=(
+        "Device for JSON results whose --metadata does not name one."))] = None,
+    engine: Annotated[str | None, typer.Option(help="Engine for JSON results (default vllm).")] = None,
+    engine_version: Annotated[str | None, typer.Option(help="Engine version for JSON results.")] = None,
+    tp: Annotated[int | None, typer.Option(min=1, help="TP for JSON results.")] = None,
+    precision: Annotated[str | None, typer.Option(help="Precision for JSON results.")] = None,
+    report: Annotated[bool, typer.Option("--report", help=(
+        "Regenerate the serving section of docs/VALIDATION.md and docs/img/serving_parity.png "
+        "from the shipped scenarios/validation/serving_*.csv (calibration set apart)."))] = False,
 ) -> None:
-    """Simulate every published serving point in RESULTS and report the errors per row."""
-    from simulator.validation.serving import read_serving, serving_error_table, simulate_rows
+    """Simulate every serving point in RESULTS; print errors by engine, device, model, TP
+    and concurrency (median and p90 absolute error, signed bias)."""
+    from simulator.validation.serving import long_errors, serving_error_table, simulate_rows
+    from simulator.validation.serving_io import read_serving
 
-    df = read_serving(results)
-    pred = simulate_rows(df, file=str(results), max_requests=max_requests)
     console = make_console()
-    table = Table(title=f"{results.name}: simulated vs measured")
-    for col in ("line", "model", "device", "TP", "engine", "ISL/OSL", "arrival", "requests",
+    if report:
+        from simulator.validation.serving_report import build, write
+
+        doc, image = Path("docs/VALIDATION.md"), Path("docs/img/serving_parity.png")
+        if not doc.is_file():
+            raise ConfigError("run --report from the repository root (docs/VALIDATION.md "
+                              "not found)", file=str(doc))
+        write(build(max_requests=max_requests), doc, image)
+        console.print(f"wrote {doc} (serving section) and {image}")
+        return
+    if not results:
+        raise ConfigError("give at least one results file (or --report)", key="RESULTS")
+    defaults = {k: v for k, v in (("device", device), ("engine", engine), ("tp", tp),
+                                  ("engine_version", engine_version),
+                                  ("precision", precision)) if v is not None}
+    df = read_serving(results, defaults)
+    wide = simulate_rows(df, max_requests=max_requests)
+    errors = long_errors(wide)
+    table = Table(title="simulated vs measured")
+    for col in ("file", "line", "model", "device", "TP", "engine", "ISL/OSL", "concurrency",
                 "metric", "measured", "predicted", "error %"):
-        table.add_column(col, justify="right" if col in ("line", "TP", "requests", "measured",
+        table.add_column(col, justify="right" if col in ("line", "TP", "measured",
                                                          "predicted", "error %") else "left")
-    for r in pred.to_dict("records"):
-        table.add_row(str(r["row"] + 1), str(r["model"]), str(r["device"]), str(r["tp"]),
-                      r["engine"], f"{r['input_tokens']}/{r['output_tokens']}", r["arrival"],
-                      str(r["simulated_requests"]), r["metric"], f"{r['measured']:,.4g}",
-                      f"{r['predicted']:,.4g}", f"{r['error'] * 100:+.1f}")
+    for r in errors.to_dict("records"):
+        table.add_row(Path(str(r["file"])).name, str(r["line"]), str(r["model"]),
+                      str(r["device"]), str(r["tp"]), str(r["engine"]),
+                      f"{r['input_len']}/{r['output_len']}", str(r["concurrency"]),
+                      r["metric"], f"{r['measured']:,.4g}", f"{r['predicted']:,.4g}",
+                      f"{r['error'] * 100:+.1f}")
     console.print(table)
-    summary = Table(title="Absolute percentage error")
-    for col in ("metric", "engine", "device", "rows", "median APE %", "p90 APE %",
-                "median error %"):
-        left = col in ("metric", "engine", "device")
-        summary.add_column(col, justify="left" if left else "right")
-    for r in serving_error_table(pred).to_dict("records"):
-        summary.add_row(r["metric"], r["engine"], r["device"], str(r["count"]),
-                        _pct(r["median_ape_pct"]), _pct(r["p90_ape_pct"]),
-                        _pct(r["median_error_pct"]))
-    console.print(summary)
+    for by in ("engine", "device", "model", "tp", "concurrency"):
+        keys = ("engine",) if by == "engine" else ("engine", by)
+        summary = Table(title=f"absolute error by {by}")
+        for col in ("metric", *keys, "rows", "median abs %", "p90 abs %", "bias %"):
+            summary.add_column(col, justify="right" if col in ("rows", "median abs %",
+                                                               "p90 abs %", "bias %") else "left")
+        for r in serving_error_table(errors, keys).to_dict("records"):
+            summary.add_row(r["metric"], *(str(r[k]) for k in keys), str(r["count"]),
+                            _pct(r["median_ape_pct"]), _pct(r["p90_ape_pct"]),
+                            f"{r['bias_pct']:+.1f}")
+        console.print(summary)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        pred.to_csv(out, index=False)
+        wide.to_csv(out, index=False)
         console.print(f"wrote {out}")

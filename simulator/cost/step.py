@@ -20,6 +20,7 @@ from simulator.cost.collectives import (
     moe_token_exchange_time,
     p2p_time,
 )
+from simulator.cost.host import HostModel
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import op_time
 from simulator.hardware.profiles import DeviceProfile, OperatorFit
@@ -47,6 +48,8 @@ class InstanceCostModel:
     fitted: bool = False
     """Price operators with the device's fitted per-operator constants and the engine's
     measured all-reduce (``cost.predictor: fitted``); else the device-wide factors."""
+    host: HostModel | None = None
+    """The engine's host costs (cost/host.py); None = the two overheads above, no overlap."""
 
     def __post_init__(self) -> None:
         m, par = self.model, self.parallelism
@@ -87,6 +90,8 @@ class InstanceCostModel:
         if m.attention != "mla":
             qkv = m.q_width / t + 2 * self.kv_heads_per_device * m.head_dim
             self._attn_shapes = ((qkv, h), (h, m.attn_out_width / t))
+        if self.host is None:
+            self.host = HostModel(self.step_overhead_s, self.per_sequence_overhead_s)
 
     def _operator_fits(self) -> dict[str, OperatorFit]:
         """Fitted roofline per operator label (labels without a fit use device-wide factors)."""
@@ -158,17 +163,22 @@ class InstanceCostModel:
         """
         if self.parallelism.pp != 1:
             raise ValueError("decode_series prices single-stage instances only")
+        host = self.host
+        assert host is not None
         base = self._decode_base.get(seqs)
         if base is None:  # everything but attention depends on the batch size alone
             base = self._step(BatchShape.decode(seqs, 0), decode_attention=False)
             self._decode_base[seqs] = base
+        padded = host.graph_batch(seqs)
+        graphed = padded is not None
+        host_s = host.host_s(seqs, self.model.num_layers, graphed)
         ctx = np.asarray(ctx_sums, dtype=float)
         layers = self.model.num_layers
-        flops, nbytes = self._decode_attention_work(seqs, ctx)
+        flops, nbytes = self._decode_attention_work(max(seqs, padded or 0), ctx)
         dev = self.device
         eff = dev.efficiency
         fit = self._fits.get("attention_decode")
-        launch = dev.kernel_launch_us * 1e-6 * self.graph_launch_factor * layers
+        launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
             compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes,
                                         seqs * self.kv_heads_per_device)
@@ -186,10 +196,11 @@ class InstanceCostModel:
             compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops, self._cp)), 0.0)
             memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
         is_compute = compute >= memory
-        seconds = base.seconds + np.maximum(compute, memory) * layers + launch
+        gpu = sum(base.stage_seconds) + np.maximum(compute, memory) * layers + launch
+        seconds = host.step_seconds(gpu, host_s)
         comp = base.compute_s + np.where(is_compute, compute * layers, 0.0)
         mem = base.memory_s + np.where(is_compute, 0.0, memory * layers)
-        over = base.overhead_s + launch
+        over = seconds - gpu + (base.overhead_s - (base.seconds - sum(base.stage_seconds))) + launch
         bound = np.where(mem >= comp, 1, 0)
         bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
         bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
@@ -211,11 +222,18 @@ class InstanceCostModel:
 
     def _step(self, batch: BatchShape, *, decode_attention: bool,
               ops: dict[str, float] | None = None) -> StepCost:
+        hm = self.host
+        assert hm is not None
         if batch.is_empty:
-            return StepCost(self.step_overhead_s, (0.0,), 0.0, 0.0, 0.0, self.step_overhead_s)
-        launch_scale = self.graph_launch_factor if batch.prefill_tokens == 0 else 1.0
-        host = self.step_overhead_s + self.per_sequence_overhead_s * (
-            batch.prefill_seqs + batch.decode_seqs)
+            return StepCost(hm.step_s, (0.0,), 0.0, 0.0, 0.0, hm.step_s)
+        seqs = batch.prefill_seqs + batch.decode_seqs
+        padded = hm.graph_batch(batch.decode_seqs, batch.prefill_tokens)
+        if padded is not None and batch.prefill_tokens == 0 and padded > batch.decode_seqs:
+            # A replayed graph runs its captured batch size: the padding rows cost GPU time.
+            batch = BatchShape(decode_seqs=padded, decode_ctx_tokens=batch.decode_ctx_tokens,
+                               logits_seqs=padded)
+        launch_scale = self.graph_launch_factor if padded is not None else 1.0
+        host = hm.host_s(seqs, self.model.num_layers, padded is not None)
         stages: list[float] = []
         total = _Acc()
         last = len(self._stage_layers) - 1
@@ -249,14 +267,14 @@ class InstanceCostModel:
             total.memory += acc.memory
             total.comm += acc.comm
             total.launch += acc.launch
-        seconds = sum(stages) + host
+        seconds = float(hm.step_seconds(sum(stages), host))
         return StepCost(
             seconds,
             tuple(stages),
             total.compute,
             total.memory,
             total.comm,
-            total.launch + host,
+            total.launch + seconds - sum(stages),
         )
 
     # ----- operators -----------------------------------------------------------------

@@ -56,6 +56,17 @@ class ClosedLoop(Spec):
     concurrency: int = Field(gt=0, description="Clients, each with one request in flight "
                                                "(`vllm bench serve --max-concurrency`).")
     think_time_s: float = Field(0.0, ge=0, description="Pause between a reply and the next request.")
+    turnaround_s: float = Field(0.0, ge=0, description=(
+        "Mean client and frontend time between a reply's last token and the client's next "
+        "request reaching the engine (HTTP, detokenisation, tokenisation), seconds."))
+    turnaround_cv: float = Field(0.0, ge=0, description=(
+        "Coefficient of variation of that turnaround (gamma-distributed, one draw per "
+        "request). Real clients and API servers never answer in exactly the same time, so "
+        "closed-loop clients drift apart instead of staying in lock-step waves."))
+    warmup_requests: int = Field(0, ge=0, description=(
+        "Requests sent first at the same concurrency and left out of the results, as "
+        "`vllm bench serve --num-warmups` and aiperf `--warmup-request-count` do; the "
+        "measured requests start when the last warm-up has ended."))
 
 
 class AllAtOnce(Spec):

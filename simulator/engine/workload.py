@@ -73,6 +73,9 @@ class Workload:
                 path = self.base_dir / path
             self.trace = load_trace(path, skip_bad_rows=spec.arrival.skip_bad_rows)
         self._closed_left = 0
+        self._warmup_left = 0
+        self._warmup_unsent = 0
+        self.measure_from_id = 0  # requests with lower ids are warm-ups, not results
         self._lengths = self._length_iter()
 
     # ----- lengths --------------------------------------------------------------------
@@ -218,34 +221,82 @@ class Workload:
             self.submit(req)
 
     # ----- closed loop -----------------------------------------------------------------
+    # Each of `concurrency` clients keeps one request in flight, as `vllm bench serve
+    # --max-concurrency` (vllm/benchmarks/serve.py: a semaphore around every request)
+    # and aiperf's concurrency mode do. Between a reply and the next request the client
+    # and the API server take a turnaround drawn per request (gamma, mean turnaround_s,
+    # CV turnaround_cv); with fixed lengths and no spread every client would finish in
+    # the same engine step and prefill its next prompt with all the others, forever.
     def _start_closed_loop(self) -> None:
         a = self.spec.arrival
         assert isinstance(a, ClosedLoop)
-        total = self.spec.num_requests or 0
-        first = min(a.concurrency, total)
-        self._closed_left = total - first
+        self.measure_from_id = a.warmup_requests
+        self._closed_left = self.spec.num_requests or 0
+        if a.warmup_requests:
+            self._warmup_left = a.warmup_requests  # warm-ups not yet ended
+            first = min(a.concurrency, a.warmup_requests)
+            self._warmup_unsent = a.warmup_requests - first
+            for _ in range(first):
+                self._issue_next()
+        else:
+            self._fill_clients()
+
+    def _fill_clients(self) -> None:
+        a = self.spec.arrival
+        assert isinstance(a, ClosedLoop)
+        first = min(a.concurrency, self._closed_left)
+        self._closed_left -= first
         self.exhausted = self._closed_left == 0
         for _ in range(first):
-            prompt, output, group, p_tokens = next(self._lengths)
-            self.submit(self._make(self.env.now, prompt, output, group, p_tokens))
+            self._issue_next()
+        self._check_done()
+
+    def _issue_next(self) -> None:
+        prompt, output, group, p_tokens = next(self._lengths)
+        self.submit(self._make(self.env.now, prompt, output, group, p_tokens))
+
+    def _turnaround(self) -> float:
+        a = self.spec.arrival
+        assert isinstance(a, ClosedLoop)
+        delay = a.think_time_s
+        if a.turnaround_s > 0:
+            if a.turnaround_cv > 0:
+                shape = 1.0 / a.turnaround_cv**2
+                delay += float(self.rngs["arrival"].gamma(shape, a.turnaround_s / shape))
+            else:
+                delay += a.turnaround_s
+        return delay
 
     def on_finished(self, _req: Request) -> None:
         """A request ended (completed, failed or rejected): a closed-loop client sends the
         next one; the run is over once nothing more will be issued and all have ended."""
         self.finished += 1
-        if self.spec.arrival.kind != "closed_loop" or self._closed_left <= 0:
+        if self.spec.arrival.kind != "closed_loop":
+            self._check_done()
+            return
+        if self._warmup_left:
+            # Warm-up phase: each client sends warm-ups until they are all sent; the
+            # measured phase starts once every warm-up has ended.
+            self._warmup_left -= 1
+            if self._warmup_unsent:
+                self._warmup_unsent -= 1
+                self._later(self._turnaround())
+            elif not self._warmup_left:
+                self._fill_clients()
+            return
+        if self._closed_left <= 0:
             self._check_done()
             return
         self._closed_left -= 1
         self.exhausted = self._closed_left == 0
-        think = self.spec.arrival.think_time_s
-        if think > 0:
-            self.env.process(self._after(think))
+        self._later(self._turnaround())
+
+    def _later(self, delay: float) -> None:
+        if delay > 0:
+            self.env.process(self._after(delay))
         else:
-            prompt, output, group, p_tokens = next(self._lengths)
-            self.submit(self._make(self.env.now, prompt, output, group, p_tokens))
+            self._issue_next()
 
     def _after(self, delay: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(delay)
-        prompt, output, group, p_tokens = next(self._lengths)
-        self.submit(self._make(self.env.now, prompt, output, group, p_tokens))
+        self._issue_next()

@@ -6,12 +6,56 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator._paths import data_dir
 from simulator.config_io import load_model
 from simulator.errors import ConfigError
+
+
+class CudaGraphSpec(BaseModel):
+    """Which steps replay captured CUDA graphs, and the batch sizes captured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sizes: list[int] = Field(default_factory=list, description=(
+        "Captured batch sizes listed one by one (ascending), e.g. [1, 2, 4]."))
+    ranges: list[tuple[int, int, int]] = Field(default_factory=list, description=(
+        "More captured sizes as [start, stop, step] ranges, stop inclusive, e.g. "
+        "[[8, 248, 8], [256, 512, 16]]."))
+    max_size_from_max_num_seqs: float | None = Field(None, gt=0, description=(
+        "Cap the captured sizes at this multiple of the scheduler's max_num_seqs, as "
+        "vLLM caps them at min(2 x max_num_seqs, 512)."))
+    mixed_steps: bool = Field(False, description=(
+        "Steps with prefill tokens replay graphs too (vLLM V1 piecewise graphs over "
+        "everything but attention, captured by token count); otherwise only decode-only "
+        "steps do."))
+
+    def captured(self, max_num_seqs: int | None = None) -> tuple[int, ...]:
+        out = set(self.sizes)
+        for start, stop, step in self.ranges:
+            out.update(range(start, stop + 1, step))
+        if max_num_seqs is not None and self.max_size_from_max_num_seqs is not None:
+            cap = self.max_size_from_max_num_seqs * max_num_seqs
+            out = {s for s in out if s <= cap}
+        return tuple(sorted(out))
+
+
+class FrontendSpec(BaseModel):
+    """Time the API server and the benchmark client add around the engine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    round_trip_us: float = Field(0.0, ge=0, description=(
+        "Client-visible time outside the engine per request: HTTP request and response, "
+        "tokenisation of the prompt, detokenisation and streaming of the first token, "
+        "microseconds. Added to TTFT and E2E; also the closed-loop client's turnaround "
+        "between a reply and the next request reaching the engine."))
+    jitter_cv: float = Field(0.0, ge=0, description=(
+        "Coefficient of variation of that turnaround (gamma-distributed); it keeps "
+        "closed-loop clients from staying in lock-step waves."))
 
 
 class ServingEngineProfile(BaseModel):
@@ -31,9 +75,32 @@ class ServingEngineProfile(BaseModel):
     block_size: int = Field(gt=0, description="Default KV block size in tokens.")
     memory_utilization: float = Field(gt=0, le=1, description=(
         "Default fraction of device memory the engine may use."))
+    memory_fraction_of: Literal["device", "free_after_weights"] = Field("device", description=(
+        "What memory_utilization is a fraction of: the whole device, weights and "
+        "activations included (vLLM gpu_memory_utilization, SGLang mem_fraction_static), "
+        "or the memory left after weights and the activation peak (TensorRT-LLM "
+        "free_gpu_memory_fraction)."))
     runtime_reserve_gib: float = Field(ge=0, description=(
         "Memory held by the runtime outside weights, KV and activations (CUDA context, "
         "graphs, NCCL buffers), GiB per device."))
+    per_layer_eager_us: float = Field(0.0, ge=0, description=(
+        "Host launch gap per layer in steps that do not replay a CUDA graph (Python "
+        "module dispatch and kernel launches the GPU waits for), microseconds."))
+    async_overlap: float = Field(0.0, ge=0, le=1, description=(
+        "Share of the host time that runs while the GPU computes the previous step "
+        "(async / overlap scheduling); 0 = host and GPU strictly alternate, 1 = the "
+        "step takes max(host, GPU)."))
+    cuda_graph: CudaGraphSpec = Field(default_factory=CudaGraphSpec, description=(
+        "Captured CUDA-graph batch sizes: a batch pads up to the next captured size, "
+        "a larger one runs eagerly. Empty = every decode step replays a graph at its "
+        "own size (no padding)."))
+    cuda_graph_reserve_gib: float = Field(0.0, ge=0, description=(
+        "Device memory the captured graphs hold, GiB per device (outside the KV pool)."))
+    frontend: FrontendSpec = Field(default_factory=FrontendSpec, description=(
+        "API-server and client time around the engine."))
+    calibrated_on: str | None = Field(None, description=(
+        "The declared calibration set any figure above was fitted on (file in "
+        "scenarios/validation/); None = nothing fitted."))
     notes: str | None = Field(None, description="Caveats and assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
 
@@ -58,3 +125,21 @@ def load_engine(name: str) -> ServingEngineProfile:
             f"unknown serving engine {name!r}; shipped: {', '.join(index) or 'none'}"
         )
     return load_model(ServingEngineProfile, index[name.lower()])
+
+
+def engine_ref(name: str, version: str | None = None) -> str:
+    """What to pass to :func:`load_engine` for an engine at a version: the shipped
+    ``<name>-<major.minor[.patch]>`` profile when there is one, else ``name`` itself (the
+    engine's default profile, whose ``version`` says what it describes)."""
+    if version:
+        index = _index()
+        parts = str(version).strip().lstrip("vV").split(".")
+        for n in (3, 2, 1):
+            key = f"{name}-{'.'.join(parts[:n])}".lower()
+            if len(parts) >= n and key in index:
+                return key
+    return name
+
+
+def load_engine_version(name: str, version: str | None = None) -> ServingEngineProfile:
+    return load_engine(engine_ref(name, version))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from simulator.cost.engine_memory import apply_convention
+from simulator.cost.host import host_model
 from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.step import InstanceCostModel, LinkSet
@@ -178,12 +180,13 @@ class _Resolved:
 def _plan_for(model: ModelConfig, r: _Resolved, par: Parallelism) -> MemoryPlan:
     sched = r.pool.scheduler
     probe = InstanceCostModel(model, r.device, par, r.precisions, _probe_links(par))
-    return plan_memory(
+    plan = plan_memory(
         model, r.device, par, r.precisions, memory_utilization=r.util, block_size=r.block,
         max_batched_tokens=sched.max_num_batched_tokens, max_seqs=sched.max_num_seqs,
-        runtime_reserve_gib=r.engine.runtime_reserve_gib,
+        runtime_reserve_gib=r.engine.runtime_reserve_gib + r.engine.cuda_graph_reserve_gib,
         kv_elements_per_token_per_layer_device=probe.kv_elements_per_token_per_layer_device(),
     )
+    return apply_convention(plan, r.util, r.engine.memory_fraction_of)
 
 
 def _probe_links(par: Parallelism) -> LinkSet:
@@ -337,6 +340,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                     moe_imbalance=pool.moe_imbalance,
                     engine=engine.name,
                     **tables,
+                    host=host_model(engine, pool.scheduler.max_num_seqs),
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None

@@ -114,7 +114,13 @@ class Simulation:
         steps = recorder.steps_frame(names, pools)
         transfers = recorder.transfers_frame(names, cluster.link_names)
         slo = sc.slo
-        summary = summarize(requests, steps, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
+        measured, measured_steps = requests, steps
+        if workload.measure_from_id:  # warm-ups stay in the frames, not in the summary
+            requests["warmup"] = requests["request_id"] < workload.measure_from_id
+            measured = requests[~requests["warmup"]]
+            start = float(measured["arrival_s"].min()) if len(measured) else 0.0
+            measured_steps = steps[steps["start_s"] >= start]
+        summary = summarize(measured, measured_steps, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
                             e2e_s=slo.e2e_s, pool_devices=plan.pool_devices)
         summary.update(cost_summary(plan, summary))
         # Device-hours each instance was powered (autoscaled ones only part of the run).

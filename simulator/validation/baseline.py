@@ -135,15 +135,16 @@ def phase_figures() -> dict[str, list[dict[str, Any]]]:
 
 
 def serving_figures(devices: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    from simulator.validation.serving import read_serving, simulate_rows
+    from simulator.validation.serving import long_errors, simulate_rows
+    from simulator.validation.serving_io import read_serving
 
     path = validation_dir() / SERVING_FILE
     df = read_serving(path)
     if devices is not None:
         df = df[df["device"].isin(devices)]
-    pred = simulate_rows(df, file=str(path))
-    keep = ("row", "device", "engine", "input_tokens", "output_tokens", "simulated_requests",
-            "metric", "measured", "predicted", "error", "ape")
+    pred = long_errors(simulate_rows(df, file=str(path)))
+    keep = ("row", "device", "engine", "input_len", "output_len", "metric", "measured",
+            "predicted", "error", "ape")
     return [{k: (round(float(r[k]), 4) if isinstance(r[k], float) else r[k]) for k in keep}
             for r in pred.to_dict("records")]
 
@@ -177,8 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         for key, rows in figures["phases"].items():
             out += [f"## {key}\n", _markdown(rows, tuple(rows[0]))]
         out += ["## serving\n", _markdown(figures["serving"], (
-            "row", "device", "input_tokens", "output_tokens", "simulated_requests", "measured",
-            "predicted", "error"))]
+            "row", "device", "input_len", "output_len", "measured", "predicted", "error"))]
         sys.stdout.write("\n".join(out))
 
 

@@ -21,8 +21,9 @@ import pandas as pd
 from simulator.cost import allgather_time, allreduce_time, alltoall_time, op_time, p2p_time
 from simulator.errors import ConfigError
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
-from simulator.hardware.registry import load_device, load_link
+from simulator.hardware.registry import device_names, load_device, load_link
 from simulator.units import BYTES_PER_ELEMENT, bytes_per_element
+from simulator.validation import aliases
 
 COMPUTE_OPS = ("gemm", "attention_prefill", "attention_decode")
 COLLECTIVE_OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
@@ -152,7 +153,7 @@ def read_ops(path: str | Path) -> pd.DataFrame:
         raise ConfigError("file not found", file=file) from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise ConfigError(f"cannot read CSV ({type(exc).__name__}: {exc})", file=file) from None
-    df.columns = [str(c).strip() for c in df.columns]
+    df.columns = [str(c).strip().lower() for c in df.columns]
     missing = [c for c in ("op", "device", "measured_latency_us") if c not in df.columns]
     if missing:
         raise ConfigError(f"missing column(s) {missing}; see docs/VALIDATION.md for the format",
@@ -172,8 +173,11 @@ def read_ops(path: str | Path) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = pd.NA
         df[col] = df[col].astype("string").str.strip()
-    df["op"] = df["op"].astype(str).str.strip()
-    df["device"] = df["device"].astype(str).str.strip()
+    df["op"] = df["op"].astype(str).str.strip().str.lower()
+    # bfloat16 / BF16 / fp8_e4m3 and "NVIDIA H100 80GB HBM3" spellings, as in validate-serving.
+    df["dtype"] = df["dtype"].map(aliases.precision_or_same, na_action="ignore").astype("string")
+    names = device_names()
+    df["device"] = [str(aliases.device_or_same(str(d).strip(), names)) for d in df["device"]]
     for i, row in enumerate(df.to_dict("records")):
         _check_row(row, i, file)
     return df.reset_index(drop=True)

@@ -1,17 +1,21 @@
-"""Measured serving results: the CSV format, and simulating each row to compare.
+"""Serving measurements against the simulator: one scenario per benchmark point, run, compared.
 
-One row is one published benchmark point (format in docs/VALIDATION.md): model, device,
-TP/PP, serving engine, precision, fixed input/output lengths, how requests arrived
-(``all_at_once`` offline throughput, ``closed_loop`` at a concurrency, ``poisson`` at a
-rate), the request count, optional scheduler limits, and at least one measured metric
-(mean or median TTFT and TPOT in ms, output tokens/s). Each row becomes a one-pool
-colocated :class:`~simulator.scenario.schema.Scenario`, run by :func:`simulator.runner.run`.
+Rows come from :mod:`simulator.validation.serving_io` (CSV or ``vllm bench serve`` JSON,
+format in docs/VALIDATION.md). Each becomes a one-pool colocated
+:class:`~simulator.scenario.schema.Scenario` (``dp`` replicas behind the router) run by
+:func:`simulator.runner.run`. The client side follows the benchmark tools: a concurrency
+means ``vllm bench serve --max-concurrency`` (closed loop: each finished request frees a
+slot for the next), no concurrency means every request queued at t = 0 (offline
+throughput, ``trtllm-bench``), a request rate means Poisson arrivals. What the client sees
+adds the engine profile's frontend round trip (HTTP, tokenisation, detokenisation) to
+TTFT and E2E; TPOT and ITL are differences of client timestamps, so it cancels there.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,181 +24,177 @@ import pandas as pd
 
 from simulator.config_io import validate
 from simulator.errors import ConfigError
+from simulator.hardware.engines import engine_ref, load_engine
 from simulator.scenario.schema import Scenario
+from simulator.validation.serving_io import MEASURED, read_serving
 
-METRICS = {  # CSV column -> (summary key for mean, summary key for median, scale)
-    "measured_ttft_ms": ("ttft_mean_s", "ttft_p50_s", 1e3),
-    "measured_tpot_ms": ("tpot_mean_s", "tpot_p50_s", 1e3),
-    "measured_output_tokens_per_s": ("output_token_throughput", "output_token_throughput", 1.0),
+__all__ = ["GROUPS", "METRICS", "long_errors", "read_serving", "row_scenario",
+           "serving_error_table", "simulate_rows"]
+
+# measured column -> (summary key stem, scale to the column's unit, client frontend adds?)
+METRICS: dict[str, tuple[str, float, bool]] = {
+    "measured_ttft_ms": ("ttft", 1e3, True),
+    "measured_tpot_ms": ("tpot", 1e3, False),
+    "measured_itl_ms": ("itl", 1e3, False),
+    "measured_e2e_ms": ("e2e", 1e3, True),
+    "measured_output_tok_s": ("output_token_throughput", 1.0, False),
 }
-REQUIRED = ("model", "device", "input_tokens", "output_tokens", "arrival", "num_requests")
-ARRIVALS = ("all_at_once", "closed_loop", "poisson")
+GROUPS = ("engine", "device", "model", "tp", "concurrency")
 
 
-def read_serving(path: str | Path) -> pd.DataFrame:
-    """Read and check a serving-results CSV (ConfigError naming row and column)."""
-    file = str(path)
+def _where(row: dict[Any, Any]) -> str:
+    if "row" not in row:
+        return "row"
+    return f"row {int(row['row'])} (line {int(row['line'])})"
+
+
+def _int(row: dict[Any, Any], col: str, default: int) -> int:
+    value = row.get(col)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return default
+    return int(value)
+
+
+def _num(row: dict[Any, Any], col: str) -> float | None:
+    value = row.get(col)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def row_scenario(row: dict[Any, Any], file: str | None = None,
+                 max_requests: int | None = None) -> Scenario:
+    """The scenario that reproduces one canonical row (validated; errors name the row)."""
+    where = _where(row)
+    version = row.get("engine_version")
+    ref = engine_ref(str(row["engine"]), version if isinstance(version, str) else None)
     try:
-        df = pd.read_csv(path, comment="#", skipinitialspace=True)
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=file) from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise ConfigError(f"cannot read CSV ({type(exc).__name__}: {exc})", file=file) from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise ConfigError(f"missing column(s) {missing}; see docs/VALIDATION.md for the format",
-                          file=file, key="header")
-    if not any(c in df.columns for c in METRICS):
-        raise ConfigError(f"needs at least one measured column: {', '.join(METRICS)}",
-                          file=file, key="header")
-    if df.empty:
-        raise ConfigError("no rows", file=file)
-    for i, row in enumerate(df.to_dict("records")):
-        if str(row["arrival"]).strip() not in ARRIVALS:
-            raise ConfigError(f"unknown arrival {row['arrival']!r}; allowed: {', '.join(ARRIVALS)}",
-                              file=file, key=_key(i, "arrival"))
-        kind = str(row["arrival"]).strip()
-        needs = {"closed_loop": "concurrency", "poisson": "rate_per_s"}.get(kind)
-        if needs and not (_num(row.get(needs)) or 0) > 0:
-            raise ConfigError(f"arrival {str(row['arrival']).strip()} needs {needs} > 0",
-                              file=file, key=_key(i, needs))
-        if not any(_num(row.get(c)) is not None for c in METRICS):
-            raise ConfigError(f"no measured value; fill one of {', '.join(METRICS)}",
-                              file=file, key=_key(i, "measured_*"))
-        for col in METRICS:
-            value = row.get(col)
-            if col in df.columns and _present(value) and (_num(value) is None or _num(value) <= 0):  # type: ignore[operator]
-                raise ConfigError(f"must be a number > 0, got {value!r}", file=file,
-                                  key=_key(i, col))
-        stat = row.get("statistic")
-        if _present(stat) and str(stat).strip() not in ("mean", "median"):
-            raise ConfigError("statistic must be mean or median", file=file,
-                              key=_key(i, "statistic"))
-        _build(row_scenario(row, i, file), i, file)  # every problem surfaces before a run
-    return df
+        engine = load_engine(ref)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, file=file, key=f"{where}.engine_version") from None
+    arrival: dict[str, Any] = {"kind": row["arrival"]}
+    if row["arrival"] == "closed_loop":
+        arrival["concurrency"] = _int(row, "concurrency", 1)
+        arrival["turnaround_s"] = engine.frontend.round_trip_us * 1e-6
+        arrival["turnaround_cv"] = engine.frontend.jitter_cv
+        arrival["warmup_requests"] = _int(row, "warmup_requests", 0)
+    elif row["arrival"] == "poisson":
+        arrival["rate_per_s"] = _num(row, "request_rate")
+    requests = _int(row, "num_requests", 1000)
+    if max_requests is not None:
+        requests = min(requests, max_requests)
+    scheduler: dict[str, Any] = {}
+    for col in ("max_num_seqs", "max_num_batched_tokens"):
+        if _num(row, col) is not None:
+            scheduler[col] = _int(row, col, 0)
+    if _num(row, "memory_utilization") is not None:
+        scheduler["memory_utilization"] = _num(row, "memory_utilization")
+    data = {
+        "name": f"serving-{where.split(' (')[0].replace(' ', '-')}",
+        "seed": _int(row, "seed", 0),
+        "model": str(row["model"]),
+        "engine": ref,
+        "precision": {"weights": row["precision"], "activations": row["precision"],
+                      "kv_cache": row["kv_precision"]},
+        "workload": {
+            "arrival": arrival,
+            "input_tokens": {"kind": "fixed", "tokens": _int(row, "input_len", 1)},
+            "output_tokens": {"kind": "fixed", "tokens": _int(row, "output_len", 1)},
+            "num_requests": requests,
+        },
+        "cluster": {"pools": [{
+            "name": "main", "device": str(row["device"]), "instances": _int(row, "dp", 1),
+            "parallelism": {"tp": _int(row, "tp", 1), "pp": _int(row, "pp", 1),
+                            "ep": _int(row, "ep", 1)},
+            "scheduler": scheduler,
+        }]},
+    }
+    return validate(Scenario, data, file=file, prefix=where)
 
 
-def _build(scenario: Scenario, i: int, file: str | None) -> Any:
-    """The scenario's simulation, built (profiles, memory fit); errors name the row."""
+def _simulation(scenario: Scenario, row: dict[Any, Any], file: str | None) -> Any:
     from simulator.runner.run import Simulation
 
     try:
         return Simulation(scenario, file=file)
     except ConfigError as exc:
-        where = f"row {i + 1} (line {i + 2})" + (f".{exc.key}" if exc.key else "")
-        raise ConfigError(exc.message, file=file, key=where) from None
+        key = _where(row) + (f".{exc.key}" if exc.key else "")
+        raise ConfigError(exc.message, file=file, key=key) from None
 
 
-def _key(i: int, col: str) -> str:
-    return f"row {i + 1} (line {i + 2}).{col}"
+def check_rows(df: pd.DataFrame, file: str | None = None) -> None:
+    """Build every row's simulation, so every problem surfaces before the first run."""
+    for row in df.to_dict("records"):
+        _simulation(row_scenario(row, row.get("file", file)), row, row.get("file", file))
 
 
-def _present(value: object) -> bool:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return False
-    return str(value).strip() != ""
-
-
-def _num(value: object) -> float | None:
-    if not _present(value):
-        return None
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-
-
-def _text(row: dict[str, Any], col: str, default: str) -> str:
-    return str(row[col]).strip() if _present(row.get(col)) else default
-
-
-def _int(row: dict[str, Any], col: str, default: int | None) -> int | None:
-    value = _num(row.get(col))
-    return default if value is None else int(value)
-
-
-def row_scenario(row: dict[Any, Any], i: int = 0, file: str | None = None,
-                 max_requests: int | None = None) -> Scenario:
-    """The scenario that reproduces one row (validated; errors name the row)."""
-    arrival_kind = str(row["arrival"]).strip()
-    arrival: dict[str, Any] = {"kind": arrival_kind}
-    if arrival_kind == "closed_loop":
-        arrival["concurrency"] = _int(row, "concurrency", None)
-    elif arrival_kind == "poisson":
-        arrival["rate_per_s"] = _num(row.get("rate_per_s"))
-    requests = _int(row, "num_requests", None)
-    if requests is not None and max_requests is not None:
-        requests = min(requests, max_requests)
-    precision = _text(row, "precision", "bf16")
-    kv = _text(row, "kv_cache_precision", precision)
-    scheduler: dict[str, Any] = {}
-    for col in ("max_num_seqs", "max_num_batched_tokens"):
-        if _present(row.get(col)):
-            scheduler[col] = _int(row, col, None)
-    if _present(row.get("memory_utilization")):
-        scheduler["memory_utilization"] = _num(row.get("memory_utilization"))
-    data = {
-        "name": f"serving-row-{i + 1}",
-        "seed": _int(row, "seed", 0),
-        "model": str(row["model"]).strip(),
-        "engine": _text(row, "engine", "vllm"),
-        "precision": {"weights": precision, "activations": precision, "kv_cache": kv},
-        "workload": {
-            "arrival": arrival,
-            "input_tokens": {"kind": "fixed", "tokens": _int(row, "input_tokens", None)},
-            "output_tokens": {"kind": "fixed", "tokens": _int(row, "output_tokens", None)},
-            "num_requests": requests,
-        },
-        "cluster": {"pools": [{
-            "name": "main", "device": str(row["device"]).strip(),
-            "parallelism": {"tp": _int(row, "tp", 1), "pp": _int(row, "pp", 1)},
-            "scheduler": scheduler,
-        }]},
-    }
-    return validate(Scenario, data, file=file, prefix=f"row {i + 1} (line {i + 2})")
+def predict(summary: dict[str, Any], statistic: str, frontend_s: float) -> dict[str, float]:
+    """The client-visible figures of a run's summary, in the measured columns' units."""
+    out = {}
+    for col, (stem, scale, client) in METRICS.items():
+        if stem == "output_token_throughput":
+            value = float(summary[stem])
+        else:
+            value = float(summary[f"{stem}_{'p50' if statistic == 'median' else 'mean'}_s"])
+            value += frontend_s if client else 0.0
+        out["predicted" + col.removeprefix("measured")] = value * scale
+    return out
 
 
 def simulate_rows(df: pd.DataFrame, *, file: str | None = None,
                   max_requests: int | None = None) -> pd.DataFrame:
-    """Simulate every row; one output row per (input row, measured metric)."""
-    out: list[dict[str, Any]] = []
-    for i, row in enumerate(df.to_dict("records")):
-        scenario = row_scenario(row, i, file, max_requests)
+    """Every row with its predictions: the input columns plus ``predicted_*`` (wide)."""
+    check_rows(df, file)
+    out: list[dict[Any, Any]] = []
+    for row in df.to_dict("records"):
+        src = row.get("file", file)
+        scenario = row_scenario(row, src, max_requests)
         wall0 = time.perf_counter()
-        summary = _build(scenario, i, file).run().summary
-        wall = time.perf_counter() - wall0
-        median = _present(row.get("statistic")) and str(row["statistic"]).strip() == "median"
-        for col, (mean_key, median_key, scale) in METRICS.items():
-            measured = _num(row.get(col))
-            if measured is None:
-                continue
-            predicted = float(summary[median_key if median else mean_key]) * scale
-            out.append({
-                "row": i + 1,
-                "model": row["model"], "device": row["device"],
-                "engine": scenario.engine, "tp": scenario.cluster.pools[0].parallelism.tp,
-                "input_tokens": int(row["input_tokens"]),
-                "output_tokens": int(row["output_tokens"]),
-                "arrival": scenario.workload.arrival.kind,
-                "simulated_requests": scenario.workload.num_requests,
-                "metric": col.removeprefix("measured_"),
-                "measured": measured, "predicted": predicted,
-                "error": predicted / measured - 1.0, "ape": abs(predicted / measured - 1.0),
-                "completed": summary["completed"], "preemptions": summary["preemptions"],
-                "wall_s": round(wall, 3),
-                "source": row.get("source", ""),
-            })
+        result = _simulation(scenario, row, src).run()
+        engine = load_engine(scenario.engine)
+        summary = result.summary
+        preds = predict(summary, str(row.get("statistic", "mean")),
+                        engine.frontend.round_trip_us * 1e-6)
+        out.append({**row, "engine_profile": scenario.engine,
+                    "simulated_requests": scenario.workload.num_requests, **preds,
+                    "completed": summary["completed"], "preemptions": summary["preemptions"],
+                    "wall_s": round(time.perf_counter() - wall0, 3)})
     return pd.DataFrame(out)
 
 
-def serving_error_table(pred: pd.DataFrame) -> pd.DataFrame:
-    """Per metric, engine and device: count, median and p90 APE, median signed error."""
+def long_errors(wide: pd.DataFrame) -> pd.DataFrame:
+    """One row per (point, measured metric): measured, predicted, signed error and APE."""
     rows = []
-    for (metric, engine, device), grp in pred.groupby(["metric", "engine", "device"], sort=True):
+    for r in wide.to_dict("records"):
+        for col in MEASURED:
+            measured = r.get(col)
+            if measured is None or (isinstance(measured, float) and math.isnan(measured)):
+                continue
+            predicted = float(r["predicted" + col.removeprefix("measured")])
+            err = predicted / float(measured) - 1.0
+            rows.append({**{k: r.get(k) for k in ("file", "row", "line", *GROUPS, "input_len",
+                                                   "output_len", "split", "precision")},
+                         "metric": col.removeprefix("measured_"), "measured": float(measured),
+                         "predicted": predicted, "error": err, "ape": abs(err)})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["concurrency"] = out["concurrency"].map(
+            lambda c: "offline" if c is None or (isinstance(c, float) and math.isnan(c)) else str(int(c)))
+    return out
+
+
+def serving_error_table(errors: pd.DataFrame, by: Sequence[str] = ("engine",)) -> pd.DataFrame:
+    """Per metric and group: count, median and p90 APE, median signed error (percent)."""
+    rows = []
+    keys = ["metric", *by]
+    for values, grp in errors.groupby(keys, sort=True):
         ape = grp["ape"].to_numpy(dtype=float)
-        rows.append({"metric": metric, "engine": engine, "device": device, "count": len(grp),
+        rows.append({**dict(zip(keys, values, strict=True)), "count": len(grp),
                      "median_ape_pct": float(np.median(ape) * 100),
                      "p90_ape_pct": float(np.percentile(ape, 90) * 100),
-                     "median_error_pct": float(np.median(grp["error"]) * 100)})
+                     "bias_pct": float(np.median(grp["error"]) * 100)})
     return pd.DataFrame(rows)
+
+
+def load_rows(paths: Sequence[str | Path], defaults: dict[str, Any] | None = None) -> pd.DataFrame:
+    return read_serving(list(paths), defaults)
