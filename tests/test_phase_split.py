@@ -8,7 +8,7 @@ import simpy
 
 from simulator import ConfigError, Simulation, run
 from simulator.cost import BatchShape
-from simulator.engine.link import SharedLink
+from simulator.engine.fabric import Fabric, FlowSpec, ResourceSpec
 from simulator.hardware import load_link
 from tests.conftest import make_scenario
 
@@ -79,14 +79,16 @@ def test_layerwise_exposes_less_than_bulk() -> None:
 
 def test_two_transfers_share_a_link() -> None:
     profile = load_link("ib-ndr")
+    nic = ResourceSpec("nic", profile.effective_bandwidth)
+    fixed = (profile.per_transfer_overhead_us + profile.latency_us) * 1e-6
 
     def finish_times(n: int) -> list[float]:
         env = simpy.Environment()
-        link = SharedLink(env, 0, "l", profile)
+        fabric = Fabric(env)
         ends: list[float] = []
 
         def one() -> simpy.events.ProcessGenerator:
-            yield from link.send(1e9)
+            yield from fabric.send([FlowSpec((nic,), 1e9)], fixed)
             ends.append(env.now)
 
         for _ in range(n):
@@ -95,7 +97,6 @@ def test_two_transfers_share_a_link() -> None:
         return ends
 
     alone = finish_times(1)[0]
-    fixed = (profile.per_transfer_overhead_us + profile.latency_us) * 1e-6
     pair = finish_times(2)
     assert len(pair) == 2
     for t in pair:
