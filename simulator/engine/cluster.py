@@ -93,7 +93,7 @@ class Cluster:
         # Flows carrying each request's KV now; a layer-wise stream opens them at prefill
         # start (with its destination reserved then), a bulk hand-off after the prefill.
         self.flows: dict[int, list[Flow]] = {}
-        self.streaming: dict[int, Instance] = {}
+        self.streaming: dict[int, tuple[Instance, Request, Request]] = {}
         self.kv_location: dict[int, int] = {}
         self.retries = 0
         self._entry_policy = POLICIES[self.router.policy]
@@ -155,7 +155,11 @@ class Cluster:
         dst = self._pick_decode(req)
         if dst is None:
             return
-        self._reserve(req, src, dst)
+        # The request's block counts belong to the prefill side until its prefill ends, so
+        # the early reservation is booked on a stand-in carrying the decode side's count.
+        stand_in = Request(req.id, req.arrival_s, req.prompt_tokens, req.output_tokens)
+        stand_in.generated = req.generated
+        self._reserve(req, src, dst, stand_in)
         path = self._path(src, dst)
         tokens = req.prefill_target
         share = 1 - 1 / self.transfer.num_layers
@@ -166,13 +170,18 @@ class Cluster:
                           bpt * tokens * share / seconds if seconds > 0 else INF)
                  for res, bpt in path.streams]
         self.flows[req.id] = self.fabric.start(specs)
-        self.streaming[req.id] = dst
+        self.streaming[req.id] = (dst, stand_in, req)
         req.transfer_start_s = self.env.now
 
     def _prefilled(self, src: Instance, req: Request) -> None:
         req.transfer_wait_s = self.env.now
-        dst = self.streaming.pop(req.id, None)
-        if dst is not None:
+        early = self.streaming.pop(req.id, None)
+        if early is not None:
+            dst, stand_in, _ = early
+            # The prefill has handed its blocks to src_blocks: the request itself now
+            # carries the decode reservation.
+            req.blocks = stand_in.blocks
+            dst.reserved_reqs[req.id] = req
             self.env.process(self._transfer(req, src, dst, streamed=True))
             return
         if not self._place(req, src):
@@ -192,8 +201,9 @@ class Cluster:
             return None
         return self._decode_policy(fits, req, self.router_state, "decode")  # type: ignore[return-value]
 
-    def _reserve(self, req: Request, src: Instance, dst: Instance) -> None:
-        ok = dst.try_reserve(req)
+    def _reserve(self, req: Request, src: Instance, dst: Instance,
+                 holder: Request | None = None) -> None:
+        ok = dst.try_reserve(holder or req)
         assert ok
         req.decode_instance = dst.index
         req.decode_admit_s = self.env.now
@@ -229,11 +239,15 @@ class Cluster:
         self.link_labels.setdefault(path.key, len(self.link_labels))
         return path
 
-    def _drop_flows(self, req: Request) -> None:
-        """The request's KV no longer needs to move (a failure sent it elsewhere)."""
-        self.streaming.pop(req.id, None)
+    def _drop_flows(self, req: Request) -> Request:
+        """The request's KV no longer needs to move (a failure sent it elsewhere).
+
+        Returns what holds its decode reservation (a stand-in while it still prefills).
+        """
+        early = self.streaming.pop(req.id, None)
         for flow in self.flows.pop(req.id, ()):
             self.fabric.cancel(flow)
+        return early[1] if early is not None else req
 
     def _transfer(self, req: Request, src: Instance, dst: Instance,
                   streamed: bool = False) -> Generator[simpy.Event, Any, None]:
@@ -299,17 +313,19 @@ class Cluster:
                 held.append(req)
         self.pending_decode = keep
         for req in lost + held:
-            self._drop_flows(req)
+            holder = self._drop_flows(req)
             pair = self.in_transfer.pop(req.id, None)
             if pair is not None and pair[1] is not inst:
-                pair[1].cancel_reservation(req)
+                pair[1].cancel_reservation(holder)
             self._restart(req)
         for req in reserved:  # KV still on the prefill side: send it elsewhere
-            prefilling = req.id in self.streaming
+            early = self.streaming.get(req.id)
             self._drop_flows(req)
             pair = self.in_transfer.pop(req.id, None)
-            if prefilling:  # a layer-wise stream: the hand-off starts after the prefill
-                req.decode_instance = -1
+            if early is not None and pair is not None:
+                # A layer-wise stream to the dead instance: the request is still being
+                # prefilled (``req`` is its stand-in); it hands off after the prefill.
+                early[2].decode_instance = -1
                 self.kv_location.pop(req.id, None)
                 continue
             req.restarts += 1
