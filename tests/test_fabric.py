@@ -162,6 +162,29 @@ def test_4p1d_incast_is_slower_per_transfer_than_1p1d() -> None:
                                                         rel=1e-9)
 
 
+def test_many_to_many_contends_only_where_routes_share() -> None:
+    """2P2D: disjoint pairs run at full speed; crossing hand-offs halve each other."""
+    ib = load_link("ib-ndr")
+    fixed = (ib.per_transfer_overhead_us + ib.latency_us) * 1e-6
+    alone = fixed + 4000 * 327680 / 8 / ib.effective_bandwidth
+    rr = {"cluster.router": {"policy": "round_robin", "decode_policy": "round_robin"},
+          "workload.arrival": {"kind": "all_at_once"}}
+    sc = pd_scenario({"parallelism": {"tp": 8}, "instances": 2},
+                     [{"name": "decode", "parallelism": {"tp": 8}, "instances": 2}],
+                     **rr, **{"workload.num_requests": 2})
+    t = run(sc).transfers
+    assert sorted(zip(t["source_name"], t["destination_name"], strict=True)) == [
+        ("prefill/0", "decode/0"), ("prefill/1", "decode/1")]
+    assert t["duration_s"].to_numpy() == pytest.approx([alone] * 2, rel=1e-9)
+    # Four prompts: each prefill sends two at once, one to each decode instance, so every
+    # NIC on both sides carries two streams.
+    t = run(sc.with_(**{"workload.num_requests": 4})).transfers
+    assert t.groupby("source_name").size().to_dict() == {"prefill/0": 2, "prefill/1": 2}
+    assert t.groupby("destination_name").size().to_dict() == {"decode/0": 2, "decode/1": 2}
+    assert t["duration_s"].to_numpy() == pytest.approx([fixed + 2 * (alone - fixed)] * 4,
+                                                       rel=1e-9)
+
+
 def test_tp8_to_tp2_and_tp8_to_tp8_each_get_their_own_streams() -> None:
     """Links are keyed by what sets their capacity (the NICs), not by the first pairing."""
     sc = pd_scenario({"parallelism": {"tp": 8}},
