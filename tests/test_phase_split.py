@@ -8,7 +8,7 @@ import simpy
 
 from simulator import ConfigError, Simulation, run
 from simulator.cost import BatchShape
-from simulator.engine.link import SharedLink
+from simulator.engine.fabric import Fabric, FlowSpec, ResourceSpec
 from simulator.hardware import load_link
 from tests.conftest import make_scenario
 
@@ -79,14 +79,16 @@ def test_layerwise_exposes_less_than_bulk() -> None:
 
 def test_two_transfers_share_a_link() -> None:
     profile = load_link("ib-ndr")
+    nic = ResourceSpec("nic", profile.effective_bandwidth)
+    fixed = (profile.per_transfer_overhead_us + profile.latency_us) * 1e-6
 
     def finish_times(n: int) -> list[float]:
         env = simpy.Environment()
-        link = SharedLink(env, 0, "l", profile)
+        fabric = Fabric(env)
         ends: list[float] = []
 
         def one() -> simpy.events.ProcessGenerator:
-            yield from link.send(1e9)
+            yield from fabric.send([FlowSpec((nic,), 1e9)], fixed)
             ends.append(env.now)
 
         for _ in range(n):
@@ -95,7 +97,6 @@ def test_two_transfers_share_a_link() -> None:
         return ends
 
     alone = finish_times(1)[0]
-    fixed = (profile.per_transfer_overhead_us + profile.latency_us) * 1e-6
     pair = finish_times(2)
     assert len(pair) == 2
     for t in pair:
@@ -172,3 +173,52 @@ def test_bad_pool_definitions(overrides, expect) -> None:
     with pytest.raises(ConfigError) as exc:
         Simulation(disagg(None, **overrides))
     assert expect in str(exc.value)
+
+
+def _slow_link(tmp_path, gb_per_s: float = 0.5):
+    path = tmp_path / "slow.yaml"
+    path.write_text(
+        f"name: slow\nkind: ethernet\nbandwidth_gb_per_s: {gb_per_s}\nefficiency: 1.0\n"
+        "latency_us: 10\nsource: ['a deliberately slow link for this test']\n")
+    return str(path)
+
+
+def test_layerwise_credits_no_overlap_without_a_reserved_destination(tmp_path) -> None:
+    """A request that waited for decode KV had nowhere to stream to while it prefilled."""
+    sc = disagg(_slow_link(tmp_path, 5.0), "layerwise", **{
+        "model": "Llama-3.1-8B",
+        "cluster.pools.prefill.parallelism": {"tp": 1},
+        "cluster.pools.decode.parallelism": {"tp": 1},
+        "cluster.pools.decode.device": "L40S",
+        "cluster.pools.decode.scheduler": {"memory_utilization": 0.45, "max_num_seqs": 256},
+        "workload.arrival": {"kind": "all_at_once"},
+        "workload.input_tokens": {"kind": "fixed", "tokens": 3000},
+        "workload.output_tokens": {"kind": "fixed", "tokens": 200},
+        "workload.num_requests": 40,
+    })
+    r = run(sc).requests
+    assert (r["status"] == "completed").all()
+    waited = r[r["transfer_queue_s"] > 0]
+    assert len(waited) > 0
+    bulk = 10e-6 + 3000 * 131072 / 5e9  # latency + the whole KV over the link, alone
+    assert (waited["transfer_s"] >= bulk * (1 - 1e-9)).all()
+
+
+def test_layerwise_streams_share_the_decode_ports(tmp_path) -> None:
+    """Two prefills streaming into one decode instance cannot beat its ports' bandwidth."""
+    sc = disagg(_slow_link(tmp_path), "layerwise", **{
+        "cluster.pools.prefill.instances": 2,
+        "cluster.router": {"policy": "round_robin"},
+        "workload.arrival": {"kind": "all_at_once"},
+        "workload.input_tokens": {"kind": "fixed", "tokens": 4000},
+        "workload.num_requests": 2,
+    })
+    res = run(sc)
+    r, t = res.requests, res.transfers
+    assert set(r["prefill_instance_name"]) == {"prefill/0", "prefill/1"}
+    # Each of the 4 decode ranks receives a quarter of both prompts' KV through its port.
+    per_rank = 2 * 4000 * 327680 / 4
+    assert t["end_s"].max() - r["prefill_start_s"].min() >= per_rank / 0.5e9
+    # ... and the streams did overlap the prefills: far less is exposed than in bulk mode.
+    bulk = run(sc.with_(**{"cluster.kv_transfer.mode": "bulk"})).transfers
+    assert t["exposed_s"].max() < bulk["exposed_s"].max() - 0.5 * r["prefill_s"].min()

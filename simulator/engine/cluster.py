@@ -13,14 +13,14 @@ from typing import Any, Literal
 
 import simpy
 
+from simulator.cost.batch import BatchShape
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import RouterSpec, SchedulerSpec
+from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, TransferPath
 from simulator.engine.instance import Instance
-from simulator.engine.link import SharedLink
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
 from simulator.engine.router import POLICIES, RouterState
-from simulator.hardware.profiles import LinkProfile
 
 Role = Literal["colocated", "prefill", "decode"]
 
@@ -46,23 +46,11 @@ class InstanceSpec:
     devices: int = 1
 
 
-@dataclass(frozen=True)
-class TransferPath:
-    """The link a KV hand-off between two instances crosses, and how many rank streams."""
-
-    key: str
-    profile: LinkProfile
-    streams: int
-    conversion_s_per_byte: float = 0.0
-    conversion_s_per_token: float = 0.0
-    extra_latency_s: float = 0.0
-    """Latency of the route's other hops (host links on a GPU -> LPU path)."""
-
-
 @dataclass
 class TransferPlan:
     mode: Literal["bulk", "layerwise"] = "bulk"
     path: Callable[[int, int], TransferPath] | None = None
+    """Route of a hand-off between two instances (by index), see runner/paths.py."""
     num_layers: int = 1
 
 
@@ -90,14 +78,22 @@ class Cluster:
                 inst.active = False
                 inst.power(False)
             self.instances.append(inst)
+        if self.transfer.mode == "layerwise":
+            for inst in self.instances:
+                if inst.role == "prefill":
+                    inst.on_prefill_start = self._prefill_started
         self.by_name = {x.name: x for x in self.instances}
         self.entry = [x for x in self.instances if x.role in ("colocated", "prefill")]
         self.decoders = [x for x in self.instances if x.role == "decode"]
         self.pending_decode: deque[tuple[Request, Instance]] = deque()
         self.pending_entry: deque[Request] = deque()
         self.in_transfer: dict[int, tuple[Instance, Instance]] = {}
-        self.links: dict[str, SharedLink] = {}
-        self.link_factor: dict[str, float] = {}
+        self.fabric = Fabric(self.env)
+        self.link_labels: dict[str, int] = {}
+        # Flows carrying each request's KV now; a layer-wise stream opens them at prefill
+        # start (with its destination reserved then), a bulk hand-off after the prefill.
+        self.flows: dict[int, list[Flow]] = {}
+        self.streaming: dict[int, tuple[Instance, Request, Request]] = {}
         self.kv_location: dict[int, int] = {}
         self.retries = 0
         self._entry_policy = POLICIES[self.router.policy]
@@ -147,13 +143,51 @@ class Cluster:
         self.on_finished(req)
 
     # ----- hand-off (disaggregated) --------------------------------------------------
+    def _prefill_started(self, src: Instance, req: Request) -> None:
+        """Layer-wise: reserve a destination now and stream each layer's KV as it is made.
+
+        SGLang's P/D (``python/sglang/srt/disaggregation/decode.py``, the pre-allocation
+        queue) and Mooncake reserve decode KV before the prefill runs, which is what lets
+        layers leave while later ones compute. If no decode instance can reserve now, the
+        hand-off starts after the prefill, like a bulk one: overlap is credited only while
+        a destination was held.
+        """
+        dst = self._pick_decode(req)
+        if dst is None:
+            return
+        # The request's block counts belong to the prefill side until its prefill ends, so
+        # the early reservation is booked on a stand-in carrying the decode side's count.
+        stand_in = Request(req.id, req.arrival_s, req.prompt_tokens, req.output_tokens)
+        stand_in.generated = req.generated
+        self._reserve(req, src, dst, stand_in)
+        path = self._path(src, dst)
+        tokens = req.prefill_target
+        share = 1 - 1 / self.transfer.num_layers
+        # A layer cannot leave before it is computed: cap the stream at the rate the
+        # prefill produces it, as the cost model prices this prefill alone.
+        seconds = src.cost.step(BatchShape.prefill(tokens, req.cached_tokens)).seconds
+        specs = [FlowSpec(res, bpt * tokens * share,
+                          bpt * tokens * share / seconds if seconds > 0 else INF)
+                 for res, bpt in path.streams]
+        self.flows[req.id] = self.fabric.start(specs)
+        self.streaming[req.id] = (dst, stand_in, req)
+        req.transfer_start_s = self.env.now
+
     def _prefilled(self, src: Instance, req: Request) -> None:
         req.transfer_wait_s = self.env.now
+        early = self.streaming.pop(req.id, None)
+        if early is not None:
+            dst, stand_in, _ = early
+            # The prefill has handed its blocks to src_blocks: the request itself now
+            # carries the decode reservation.
+            req.blocks = stand_in.blocks
+            dst.reserved_reqs[req.id] = req
+            self.env.process(self._transfer(req, src, dst, streamed=True))
+            return
         if not self._place(req, src):
             self.pending_decode.append((req, src))
 
-    def _place(self, req: Request, src: Instance) -> bool:
-        dst = None
+    def _pick_decode(self, req: Request) -> Instance | None:
         if self.router.decode_policy in _MIN_KEY_POLICIES:
             # A least-something policy picks the same instance among those that fit as
             # among all, whenever its pick fits: try that first, filter only if not.
@@ -161,19 +195,27 @@ class Cluster:
             if serving:
                 pick = self._decode_policy(serving, req, self.router_state, "decode")
                 if pick.can_reserve(req):  # type: ignore[attr-defined]
-                    dst = pick
-        if dst is None:
-            fits = [d for d in self.decoders if d.accepting and d.can_reserve(req)]
-            if not fits:
-                return False
-            dst = self._decode_policy(fits, req, self.router_state, "decode")
-        ok = dst.try_reserve(req)  # type: ignore[attr-defined]
+                    return pick  # type: ignore[return-value]
+        fits = [d for d in self.decoders if d.accepting and d.can_reserve(req)]
+        if not fits:
+            return None
+        return self._decode_policy(fits, req, self.router_state, "decode")  # type: ignore[return-value]
+
+    def _reserve(self, req: Request, src: Instance, dst: Instance,
+                 holder: Request | None = None) -> None:
+        ok = dst.try_reserve(holder or req)
         assert ok
         req.decode_instance = dst.index
         req.decode_admit_s = self.env.now
         self.kv_location[req.id] = dst.index
-        self.in_transfer[req.id] = (src, dst)  # type: ignore[assignment]
-        self.env.process(self._transfer(req, src, dst))  # type: ignore[arg-type]
+        self.in_transfer[req.id] = (src, dst)
+
+    def _place(self, req: Request, src: Instance) -> bool:
+        dst = self._pick_decode(req)
+        if dst is None:
+            return False
+        self._reserve(req, src, dst)
+        self.env.process(self._transfer(req, src, dst))
         return True
 
     def _kv_freed(self, inst: Instance) -> None:
@@ -191,52 +233,65 @@ class Cluster:
                 break
             self.pending_decode.popleft()
 
-    def _link(self, path: TransferPath, source: str) -> SharedLink:
-        link = self.links.get(path.key)
-        if link is None:
-            link = SharedLink(self.env, len(self.links), path.key, path.profile, path.streams,
-                              self.link_factor.get(source, 1.0))
-            self.links[path.key] = link
-        return link
+    def _path(self, src: Instance, dst: Instance) -> TransferPath:
+        assert self.transfer.path is not None
+        path = self.transfer.path(src.index, dst.index)
+        self.link_labels.setdefault(path.key, len(self.link_labels))
+        return path
 
-    def _transfer(self, req: Request, src: Instance, dst: Instance) -> Generator[simpy.Event, Any, None]:
+    def _drop_flows(self, req: Request) -> Request:
+        """The request's KV no longer needs to move (a failure sent it elsewhere).
+
+        Returns what holds its decode reservation (a stand-in while it still prefills).
+        """
+        early = self.streaming.pop(req.id, None)
+        for flow in self.flows.pop(req.id, ()):
+            self.fabric.cancel(flow)
+        return early[1] if early is not None else req
+
+    def _transfer(self, req: Request, src: Instance, dst: Instance,
+                  streamed: bool = False) -> Generator[simpy.Event, Any, None]:
         env = self.env
         attempt = req.restarts
-        start = env.now
-        req.transfer_start_s = start
-        spec = self.specs[src.index]
+        start = req.transfer_start_s if streamed else env.now
+        req.transfer_start_s = env.now
+        path = self._path(src, dst)
         # The KV covers every token prefilled: the prompt, plus the tokens generated before
         # a failure sent the request back to be prefilled again.
         tokens = req.prefill_target
-        nbytes = spec.kv_bytes_per_token * tokens
-        assert self.transfer.path is not None
-        path = self.transfer.path(src.index, dst.index)
-        link = self._link(path, src.name)
-        convert = (path.conversion_s_per_byte * nbytes
-                   + path.conversion_s_per_token * tokens + path.extra_latency_s)
-        if convert:
-            yield env.timeout(convert)
-        if self.transfer.mode == "layerwise":
-            # Each layer's KV streams out as soon as that layer is computed, so while the
-            # prefill ran the link could already carry up to (L-1)/L of the bytes; only
-            # the rest (at least the last layer's share) is left after the first token.
-            overlap_s = req.prefill_end_s - req.prefill_start_s
-            streamed = min(nbytes * (1 - 1 / self.transfer.num_layers),
-                           overlap_s * link.bandwidth)
-            nbytes -= streamed
-        delivered = yield from link.send(nbytes)
+        nbytes = path.bytes_per_token * tokens
+        convert = path.conversion_s_per_byte * nbytes + path.conversion_s_per_token * tokens
+        flows: list[Flow] = []
+        if streamed:
+            # The prefill is done: the stream may run at full speed, and the last layer's
+            # share (what could not leave before the last layer was computed) follows.
+            flows = self.flows.get(req.id, [])
+            self.fabric.uncap(flows)
+            if convert + path.fixed_s:
+                yield env.timeout(convert + path.fixed_s)
+            tail = [FlowSpec(res, bpt * tokens / self.transfer.num_layers)
+                    for res, bpt in path.streams]
+        else:
+            if convert + path.fixed_s:
+                yield env.timeout(convert + path.fixed_s)
+            tail = [FlowSpec(res, bpt * tokens) for res, bpt in path.streams]
         if req.restarts != attempt:  # a failure already sent the request elsewhere
             return
+        flows = flows + self.fabric.start(tail)
+        self.flows[req.id] = flows
+        results = yield env.all_of([f.done for f in flows])
+        if req.restarts != attempt:
+            return
+        self.flows.pop(req.id, None)
         self.in_transfer.pop(req.id, None)
-        if not delivered:  # the link died for good: no other path in this topology
+        if not all(results.values()):  # a link died for good: no other path in this topology
             src.release_held(req)
             dst.cancel_reservation(req)
-            self.fail_request(req, f"KV transfer failed: link {link.name} is down")
+            self.fail_request(req, f"KV transfer failed: link {path.key} is down")
             return
         req.transfer_end_s = env.now
-        self.recorder.transfer(req.id, src.index, dst.index, link.index,
-                               spec.kv_bytes_per_token * tokens, start, env.now,
-                               env.now - req.first_token_s)
+        self.recorder.transfer(req.id, src.index, dst.index, self.link_labels[path.key],
+                               nbytes, start, env.now, env.now - req.first_token_s)
         src.release_held(req)
         dst.admit_transferred(req)
 
@@ -258,12 +313,21 @@ class Cluster:
                 held.append(req)
         self.pending_decode = keep
         for req in lost + held:
+            holder = self._drop_flows(req)
             pair = self.in_transfer.pop(req.id, None)
             if pair is not None and pair[1] is not inst:
-                pair[1].cancel_reservation(req)
+                pair[1].cancel_reservation(holder)
             self._restart(req)
         for req in reserved:  # KV still on the prefill side: send it elsewhere
+            early = self.streaming.get(req.id)
+            self._drop_flows(req)
             pair = self.in_transfer.pop(req.id, None)
+            if early is not None and pair is not None:
+                # A layer-wise stream to the dead instance: the request is still being
+                # prefilled (``req`` is its stand-in); it hands off after the prefill.
+                early[2].decode_instance = -1
+                self.kv_location.pop(req.id, None)
+                continue
             req.restarts += 1
             self.retries += 1
             if pair is None or not pair[0].alive:
@@ -299,11 +363,9 @@ class Cluster:
         self._drain_pending_decode()
 
     def degrade_links(self, source: str, factor: float, for_good: bool) -> None:
-        self.link_factor[source] = factor
-        for key, link in self.links.items():
-            if key.endswith(f":{source}"):
-                link.set_bandwidth_factor(factor, for_good=for_good)
+        """Scale what ``source`` sends through (its NICs, scale-up ports, host lanes)."""
+        self.fabric.degrade(source, factor, for_good=for_good)
 
     @property
     def link_names(self) -> list[str]:
-        return [k for k, _ in sorted(self.links.items(), key=lambda kv: kv[1].index)]
+        return list(self.link_labels)

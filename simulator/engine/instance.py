@@ -84,6 +84,8 @@ class Instance:
         self._on_prefilled = on_prefilled
         self._on_complete = on_complete
         self._on_kv_freed = on_kv_freed
+        # Called when a request's prefill first starts (a layer-wise KV stream opens).
+        self.on_prefill_start: Callable[[Instance, Request], None] | None = None
         self.pp = cost.parallelism.pp
         self.fast_forward = fast_forward and self.pp == 1
         # With pp micro-batches in flight, each carries up to max_num_seqs sequences.
@@ -504,9 +506,11 @@ class Instance:
         self.waiting.popleft()
         self.queued_tokens -= req.prefill_target
         self.running.append(req)
+        req.status = "prefill"
         if req.prefill_start_s != req.prefill_start_s:  # NaN: first admission
             req.prefill_start_s = self.env.now
-        req.status = "prefill"
+            if self.on_prefill_start is not None:
+                self.on_prefill_start(self, req)
         return True
 
     def _room(self) -> bool:

@@ -236,6 +236,10 @@ class DeviceProfile(_Frozen):
     )
     host_link: str | None = Field(None, description="Link profile to host memory (PCIe).")
     devices_per_node: int = Field(8, ge=1, description="Devices in one server/node.")
+    scale_out_nics_per_node: int | None = Field(
+        None, ge=1, description=(
+            "Scale-out NIC ports per node, shared evenly by its devices; default one per "
+            "device (DGX/HGX H100: 8 x ConnectX-7 400G, one per GPU)."))
     power: Power | None = Field(None, description="Power figures, if known.")
     price: Price | None = Field(None, description="Dated rental price, if known.")
     notes: str | None = Field(None, description="Caveats: uncertain figures, assumptions.")
@@ -258,6 +262,10 @@ class DeviceProfile(_Frozen):
         for precision, rate in self.peak_tflops.items():
             if rate <= 0:
                 raise ValueError(f"peak_tflops.{precision} must be > 0, got {rate}")
+        nics = self.scale_out_nics_per_node
+        if nics is not None and self.devices_per_node % nics:
+            raise ValueError(f"scale_out_nics_per_node ({nics}) must divide devices_per_node "
+                             f"({self.devices_per_node}): devices share NICs evenly")
         return self
 
     def peak_flops(self, precision: str) -> float:

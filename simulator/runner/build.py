@@ -6,16 +6,18 @@ simulated time passes, and fail with one line naming the scenario file and key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.cost.engine_memory import apply_convention
+from simulator.cost.handoff import handoff_streams
 from simulator.cost.host import host_model
 from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.step import InstanceCostModel, LinkSet
-from simulator.engine.cluster import InstanceSpec, TransferPath
+from simulator.engine.cluster import InstanceSpec
 from simulator.engine.config import EmpiricalLength, FixedLength, LognormalLength, UniformLength
+from simulator.engine.fabric import TransferPath
 from simulator.engine.workload import load_trace
 from simulator.errors import ConfigError, MemoryFitError
 from simulator.hardware.engines import ServingEngineProfile, load_engine
@@ -25,6 +27,7 @@ from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.checks import check_model_settings
 from simulator.runner.kernel_tables import predictor_for
+from simulator.runner.paths import transfer_path
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
 from simulator.units import GIB
@@ -55,6 +58,8 @@ class ClusterPlan:
     placements: list[Placement]
     base_dir: Path
     file: str | None
+    paths: dict[tuple[int, int], TransferPath] = field(default_factory=dict, compare=False,
+                                                       repr=False)
 
     def transfer_path(self, src: int, dst: int) -> TransferPath:
         return _transfer_path(self, src, dst)
@@ -397,38 +402,18 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
 
 
 def _transfer_path(plan: ClusterPlan, src: int, dst: int) -> TransferPath:
-    """The route of a KV hand-off, from where the two instances sit.
-
-    Same device kind on one node: the scale-up link. Same kind across nodes: the slower
-    of the two scale-out links. Different kinds (GPU -> LPU): out through the source's
-    host link, across the network (`kv_transfer.network`, default 100 GbE), in through
-    the destination's host link; the slowest hop sets the rate, every hop adds latency.
-    """
+    """The route of a KV hand-off from where the two instances sit (see runner/paths.py)."""
+    cached = plan.paths.get((src, dst))
+    if cached is not None:
+        return cached
     a, b = plan.placements[src], plan.placements[dst]
-    par_a = plan.instances[src].cost.parallelism
-    par_b = plan.instances[dst].cost.parallelism
-    streams = max(1, min(par_a.tp, par_b.tp))
+    cost_a, cost_b = plan.instances[src].cost, plan.instances[dst].cost
+    streams = handoff_streams(plan.model, cost_a.precisions.kv_cache, cost_a.parallelism,
+                              cost_b.parallelism)
     kv = plan.scenario.cluster.kv_transfer
-    conversion = kv.conversion_us_per_mb * 1e-12
-    per_token = kv.conversion_us_per_token * 1e-6
-    name = plan.instances[src].name
-    if kv.link is not None:
-        profile = load_link(kv.link)
-        return TransferPath(f"{kv.link}:{name}", profile, streams, conversion, per_token)
-    if a.device.name == b.device.name:
-        if set(a.nodes) == set(b.nodes) and len(a.nodes) == 1 and a.device.scale_up_link:
-            profile = load_link(a.device.scale_up_link)
-            return TransferPath(f"{profile.name}:node{a.nodes[0]}:{name}", profile, streams,
-                                conversion, per_token)
-        names = [n for n in (a.device.scale_out_link, b.device.scale_out_link) if n]
-        if names:
-            slowest = min((load_link(n) for n in names), key=lambda p: p.effective_bandwidth)
-            return TransferPath(f"{slowest.name}:{name}", slowest, streams, conversion,
-                                per_token)
-    hops = [n for n in (a.device.host_link, kv.network or "ethernet-100g", b.device.host_link) if n]
-    profiles = [load_link(n) for n in hops]
-    slowest = min(profiles, key=lambda p: p.effective_bandwidth)
-    extra_us = sum(p.latency_us + p.per_transfer_overhead_us for p in profiles) - (
-        slowest.latency_us + slowest.per_transfer_overhead_us)
-    return TransferPath(f"{'+'.join(hops)}:{name}", slowest, streams, conversion, per_token,
-                        extra_latency_s=extra_us * 1e-6)
+    path = transfer_path(a, b, plan.instances[src].name, streams, forced=kv.link,
+                         network=kv.network, spine_oversubscription=kv.spine_oversubscription,
+                         conversion_s_per_byte=kv.conversion_us_per_mb * 1e-12,
+                         conversion_s_per_token=kv.conversion_us_per_token * 1e-6)
+    plan.paths[(src, dst)] = path
+    return path

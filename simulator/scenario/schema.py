@@ -119,6 +119,9 @@ class KVTransferSpec(Spec):
     network: str | None = Field(None, description=(
         "Network link between different device kinds (GPU -> LPU), default `ethernet-100g`; "
         "the route also crosses both devices' host links."))
+    spine_oversubscription: float | None = Field(None, ge=1, description=(
+        "Oversubscription of the scale-out spine: each node's uplink carries its NICs' "
+        "bandwidth divided by this factor (default: a non-blocking fat tree, no spine limit)."))
 
 
 class ClusterSpec(Spec):
