@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +35,14 @@ class ServingEngineProfile(BaseModel):
     runtime_reserve_gib: float = Field(ge=0, description=(
         "Memory held by the runtime outside weights, KV and activations (CUDA context, "
         "graphs, NCCL buffers), GiB per device."))
+    first_token: Literal["decode_recompute", "forwarded_after_transfer"] = Field(
+        "decode_recompute", description=(
+            "Disaggregated serving: where the client's first token comes from. "
+            "`decode_recompute` (vLLM's P/D connectors): the decode instance recomputes the "
+            "last prompt token once the KV has landed and emits token 1, so n output tokens "
+            "take n decode steps there; `forwarded_after_transfer`: the prefill instance's "
+            "token travels with the KV and reaches the client when the hand-off completes, "
+            "and the decode instance produces tokens 2..n."))
     notes: str | None = Field(None, description="Caveats and assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
 
