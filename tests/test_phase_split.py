@@ -34,7 +34,7 @@ def disagg(link: str | None = None, mode: str = "bulk", **overrides):
     return make_scenario(**base)
 
 
-def test_zero_cost_link_ttft_is_queue_plus_prefill_to_the_microsecond() -> None:
+def test_zero_cost_link_ttft_is_queue_prefill_and_one_decode_step_to_the_microsecond() -> None:
     sc = disagg("ideal", **{"workload.arrival": {"kind": "constant", "rate_per_s": 0.5}})
     sim = Simulation(sc)
     res = sim.run()
@@ -43,7 +43,12 @@ def test_zero_cost_link_ttft_is_queue_plus_prefill_to_the_microsecond() -> None:
     # Requests are 2 s apart, so each one's prefill runs alone on the prefill instance.
     cost = sim.plan.instances[0].cost
     prefill = np.array([cost.step(BatchShape.prefill(int(p))).seconds for p in r["prompt_tokens"]])
-    assert np.abs(r["ttft_s"] - (r["queue_s"] + prefill)).max() < 1e-6
+    assert np.abs(r["prefill_ttft_s"] - (r["queue_s"] + prefill)).max() < 1e-6
+    # The client's first token: the decode side's first step over the prompt's KV (vLLM
+    # decode_recompute), right after the free hand-off.
+    dec = sim.plan.instances[1].cost
+    first = np.array([dec.step(BatchShape.decode(1, int(p))).seconds for p in r["prompt_tokens"]])
+    assert np.abs(r["ttft_s"] - (r["queue_s"] + prefill + first)).max() < 1e-6
     assert (r["queue_s"].abs() < 1e-12).all()
     assert (r["transfer_s"] == 0).all()
     assert (r["prefill_instance_name"] == "prefill/0").all()

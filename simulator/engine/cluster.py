@@ -44,6 +44,9 @@ class InstanceSpec:
     cold_start_s: float = 0.0
     """Time from a scale-out decision until the instance serves (weights load + start-up)."""
     devices: int = 1
+    first_token: str = "decode_recompute"
+    """Prefill role: whether the prefill emits the client's first token with the KV
+    (``forwarded_after_transfer``) or the decode side recomputes it (``decode_recompute``)."""
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Cluster:
                 self.env, i, spec.name, spec.pool, spec.role, spec.cost, spec.kv_blocks,
                 spec.block_size, spec.scheduler, self.recorder, self._prefilled,
                 self._complete, self._kv_freed, self.fast_forward, self.prefix_block_tokens,
+                first_token=spec.first_token,
             )
             if not spec.active:
                 inst.active = False
@@ -291,7 +295,7 @@ class Cluster:
             return
         req.transfer_end_s = env.now
         self.recorder.transfer(req.id, src.index, dst.index, self.link_labels[path.key],
-                               nbytes, start, env.now, env.now - req.first_token_s)
+                               nbytes, start, env.now, env.now - req.prefill_end_s)
         src.release_held(req)
         dst.admit_transferred(req)
 

@@ -67,6 +67,7 @@ class Instance:
         on_kv_freed: Callable[[Instance], None],
         fast_forward: bool = True,
         prefix_block_tokens: int = 512,
+        first_token: str = "decode_recompute",
     ) -> None:
         self.env = env
         self.index = index
@@ -80,6 +81,9 @@ class Instance:
         self.cache = cache
         self.kv = BlockManager(kv_blocks, block_size, cache)
         self.sched = scheduler
+        # A prefill instance under vLLM's decode_recompute emits no client token: the
+        # decode side recomputes the last prompt token and emits token 1.
+        self.emits_first_token = role != "prefill" or first_token == "forwarded_after_transfer"
         self.recorder = recorder
         self._on_prefilled = on_prefilled
         self._on_complete = on_complete
@@ -203,6 +207,8 @@ class Instance:
         del self.reserved_reqs[req.id]
         req.prefilled = req.prefill_target
         req.status = "decode"
+        if req.generated and req.first_token_s != req.first_token_s:
+            req.first_token_s = self.env.now  # the prefill's token, forwarded with the KV
         self.running.append(req)
         self.wake()
 
@@ -382,14 +388,16 @@ class Instance:
             kv_used, self.kv.total, len(self.waiting), len(self.running), bounds[:done],
             series.compute_s[:done], series.memory_s[:done],
         )
-        second = float(ends[0])
         finished = []
         for r, b in zip(decodes, blocks, strict=True):
             r.blocks = b
             if r.decode_start_s != r.decode_start_s:
                 r.decode_start_s = start
-            if r.generated == 1 and r.second_token_s != r.second_token_s:
-                r.second_token_s = second
+            g = r.generated
+            if g == 0 and r.first_token_s != r.first_token_s:
+                r.first_token_s = float(ends[0])
+            if g <= 1 and g + done >= 2 and r.second_token_s != r.second_token_s:
+                r.second_token_s = float(ends[1 - g])
             r.generated += done
             if r.generated >= r.output_tokens:
                 finished.append(r)
@@ -650,7 +658,9 @@ class Instance:
             if req.decode_start_s != req.decode_start_s:  # NaN: its first decode step
                 req.decode_start_s = start
             req.generated += 1
-            if req.generated == 2 and req.second_token_s != req.second_token_s:
+            if req.generated == 1 and req.first_token_s != req.first_token_s:
+                req.first_token_s = now  # decode_recompute: the decode side's first token
+            elif req.generated == 2 and req.second_token_s != req.second_token_s:
                 req.second_token_s = now
             if req.done:
                 self._complete(req)
@@ -660,13 +670,19 @@ class Instance:
             req.prefilled += n
             if req.prefilled < req.prefill_target:
                 continue
-            req.generated += 1
-            if req.first_token_s != req.first_token_s:  # NaN: the very first prefill
-                req.first_token_s = now
+            if req.prefill_end_s != req.prefill_end_s:  # NaN: the very first prefill
                 req.prefill_end_s = now
                 req.prefill_instance = self.index
                 if self.collect_signals:
                     self.signal_ttft.append(now - req.arrival_s)
+            if self.emits_first_token:
+                req.generated += 1
+                # A colocated instance streams the token now; a prefill instance's token
+                # reaches the client with the KV (admit_transferred), or now if it was the
+                # only one.
+                if req.first_token_s != req.first_token_s and (
+                        self.role != "prefill" or req.done):
+                    req.first_token_s = now
             if req.done:
                 self._complete(req)
             elif self.role == "prefill":

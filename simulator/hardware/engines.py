@@ -101,6 +101,14 @@ class ServingEngineProfile(BaseModel):
     calibrated_on: str | None = Field(None, description=(
         "The declared calibration set any figure above was fitted on (file in "
         "scenarios/validation/); None = nothing fitted."))
+    first_token: Literal["decode_recompute", "forwarded_after_transfer"] = Field(
+        "decode_recompute", description=(
+            "Disaggregated serving: where the client's first token comes from. "
+            "`decode_recompute` (vLLM's P/D connectors): the decode instance recomputes the "
+            "last prompt token once the KV has landed and emits token 1, so n output tokens "
+            "take n decode steps there; `forwarded_after_transfer`: the prefill instance's "
+            "token travels with the KV and reaches the client when the hand-off completes, "
+            "and the decode instance produces tokens 2..n."))
     notes: str | None = Field(None, description="Caveats and assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
 

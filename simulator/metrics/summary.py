@@ -1,7 +1,9 @@
 """Metrics as pure functions of the requests and steps frames.
 
 Definitions (docs/metrics.md has the formulas) follow ``vllm bench serve``:
-TTFT = first token - arrival; TPOT = (E2E - TTFT) / (output tokens - 1) for requests with
+TTFT = first token the client receives - arrival (in disaggregated serving that token comes
+from the decode instance, after the KV hand-off; ``prefill_ttft_s`` is the prefill's own
+end - arrival); TPOT = (E2E - TTFT) / (output tokens - 1) for requests with
 more than one output token; ITL = gaps between consecutive tokens (here: decode step
 durations weighted by the sequences they advance); duration = last completion - first
 arrival; goodput = requests meeting every SLO per second of duration.
@@ -23,6 +25,7 @@ def add_latency_columns(requests: pd.DataFrame) -> pd.DataFrame:
     df = requests
     out = df.copy()
     out["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+    out["prefill_ttft_s"] = df["prefill_end_s"] - df["arrival_s"]
     out["e2e_s"] = df["completion_s"] - df["arrival_s"]
     decode_tokens = df["generated_tokens"] - 1
     with np.errstate(divide="ignore", invalid="ignore"):
