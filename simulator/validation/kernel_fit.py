@@ -5,19 +5,21 @@
     python -m simulator.validation.kernel_fit --write               # and update profiles
 
 For every device profile that names its ``kernel_tables`` system, and one engine's tables
-(``--engine``, vLLM by default, its newest version), each operator family gets the
-roofline of :func:`simulator.cost.roofline.operator_time`::
-
-    t = max((F + F_half) / (peak * eta_c), (B + B_half) / (bw * eta_m)) + floor
-
-five constants fitted by least squares on log(predicted / measured) (relative errors, so
-a 5 us kernel counts as much as a 50 ms one). Shapes are split before fitting: a quarter
-of the distinct weight shapes (GEMM ``n x k``; attention head layouts; MoE model layouts)
-is held out by a stable hash and never seen by the fit; the reported errors are on those
-held-out shapes, with today's device-wide constants ("before") and the fit ("after").
+(``--engine``, vLLM by default, each table at its newest version), each operator family
+(BF16/FP8/FP4 GEMM, prefill and decode attention, MoE) gets the seven constants of
+:class:`simulator.hardware.profiles.OperatorFit`, fitted on log(predicted / measured)
+(relative errors, so a 5 us kernel counts as much as a 50 ms one): least squares from four
+starts, then least absolute error by reweighting. The engine's all-reduce becomes a
+:class:`~simulator.hardware.profiles.CollectiveCurve` with every other measured size as a
+knot. Shapes are split before fitting: a quarter of the distinct weight shapes (GEMM
+``n x k``; attention head layouts; MoE model layouts), and the all-reduce sizes between
+knots, are held out and never seen by the fit; the reported errors are on those, with
+today's device-wide constants and link model ("before") and the fit ("after"). A fit is
+written only where it beats the device-wide constants on its own training shapes.
 
 Only the per-operator tables are read (``gemm_perf``, ``context_attention_perf``,
-``generation_attention_perf``, ``moe_perf``); nothing else in the package is opened.
+``generation_attention_perf``, ``moe_perf``, ``custom_allreduce_perf``); nothing else in the
+package is opened.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from simulator.validation.calibrate import levenberg_marquardt
 
 HOLDOUT_SHARE = 0.25
 MAX_FIT_ROWS = 6000
+ROBUST_ROUNDS = 4
 _KV = {"bfloat16": "bf16", "fp8": "fp8"}
 _GEMM = {"bfloat16": ("gemm", "bf16"), "fp8": ("gemm_fp8", "fp8"), "nvfp4": ("gemm_fp4", "fp4")}
 
@@ -197,7 +200,13 @@ def fit(samples: Samples, device: DeviceProfile) -> OperatorFit:
         if best is None or cost < best[1]:
             best = (x, cost)
     assert best is not None
-    return _rounded(_to_fit(best[0], int((~samples.held_out).sum())))
+    x = best[0]
+    # Least absolute log error by iterative reweighting: the median of |error| is what is
+    # reported, and a few cliff shapes (tile/wave quantisation) should not pull the curve.
+    for _ in range(ROBUST_ROUNDS):
+        weight = 1.0 / np.sqrt(np.maximum(np.abs(residual(x)), 0.01))
+        x, _ = levenberg_marquardt(lambda z, w=weight: residual(z) * w, x, iterations=60)
+    return _rounded(_to_fit(x, int((~samples.held_out).sum())))
 
 
 def allreduce_curves(folder: Path, device: DeviceProfile,
