@@ -205,7 +205,11 @@ def fit(samples: Samples, device: DeviceProfile) -> OperatorFit:
     # reported, and a few cliff shapes (tile/wave quantisation) should not pull the curve.
     for _ in range(ROBUST_ROUNDS):
         weight = 1.0 / np.sqrt(np.maximum(np.abs(residual(x)), 0.01))
-        x, _ = levenberg_marquardt(lambda z, w=weight: residual(z) * w, x, iterations=60)
+
+        def weighted(z: np.ndarray, w: np.ndarray = weight) -> np.ndarray:
+            return residual(z) * w
+
+        x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum())))
 
 
