@@ -138,7 +138,7 @@ def test_datasheet_peak_rates(device: str, precision: str, tflops: float) -> Non
         ("B200", 178.5, 7700),
         ("L40S", 44.4, 864),
         ("MI300X", 192, 5300),
-        ("GroqLPU-v1", 220 / 1024, 80_000),
+        ("GroqLPU-v1", 0.2142, 80_000),
     ],
 )
 def test_datasheet_memory(device: str, capacity_gib: float, bandwidth_gb_per_s: float) -> None:
@@ -174,7 +174,7 @@ def test_decimal_capacity_key_is_refused_with_the_replacement(tmp_path) -> None:
 def test_lpu_is_sram_only_and_unpriced() -> None:
     lpu = load_device("GroqLPU-v1")
     assert lpu.memory_kind == "sram"
-    assert lpu.memory_bytes == pytest.approx(220 * 2**20)
+    assert lpu.memory_bytes == pytest.approx(230e6, rel=1e-4)
     assert lpu.scale_up_link == "lpu-c2c"
     assert lpu.price is None  # no public per-chip rental price: nothing invented
     assert lpu.notes is not None

@@ -251,6 +251,48 @@ def allreduce_curves(folder: Path, device: DeviceProfile,
     return curves, rows
 
 
+def interpolation_errors(root: Path, device: DeviceProfile, engine: str,
+                         version: str | None = None) -> list[dict[str, Any]]:
+    """How well ``cost.predictor: tables`` interpolates between measured points.
+
+    Every other grid value along the batch axis (GEMM ``m``, attention sequence length /
+    context) is dropped, the table is rebuilt from the rest and the dropped points are
+    looked up: the error of the log-log interpolation at the points it did not see.
+    """
+    from simulator.cost.tables import GridTable
+    from simulator.runner.kernel_tables import read_tables
+
+    assert device.kernel_tables is not None
+    full = read_tables(root, device.kernel_tables, engine, version)
+    out = []
+    families: list[tuple[str, dict[Any, GridTable], int]] = [
+        ("gemm", dict(full.gemm), 0), ("attention_prefill", dict(full.context_attention), 1),
+        ("attention_decode", dict(full.generation_attention), 1)]
+    for name, tables, axis in families:
+        apes: list[float] = []
+        for table in tables.values():
+            values = table.axes[axis]
+            if len(values) < 3:
+                continue
+            keep = np.ones(len(values), bool)
+            keep[1:-1:2] = False  # interior points only: never extrapolate
+            axes = list(table.axes)
+            axes[axis] = values[keep]
+            reduced = GridTable(tuple(axes), np.compress(keep, table.seconds, axis=axis))
+            dropped = np.compress(~keep, table.seconds, axis=axis)
+            for idx in zip(*np.nonzero(np.isfinite(dropped)), strict=True):
+                point = [float(table.axes[d][i]) if d != axis else float(values[~keep][i])
+                         for d, i in enumerate(idx)]
+                got = reduced.lookup(point)
+                if got is not None:
+                    apes.append(abs(got / float(dropped[idx]) - 1) * 100)
+        if apes:
+            out.append({"device": device.name, "engine": engine, "op": name, "points": len(apes),
+                        "median_ape": round(float(np.median(apes)), 1),
+                        "p90_ape": round(float(np.percentile(apes, 90)), 1)})
+    return out
+
+
 def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
     return np.abs(pred / meas - 1) * 100
 
@@ -360,6 +402,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true", help="Write the fits into the profiles.")
     parser.add_argument("--json", type=Path, help="Write the error table as JSON.")
     parser.add_argument("--markdown", action="store_true", help="Print the error table.")
+    parser.add_argument("--interpolation", action="store_true", help=(
+        "Also print the tables predictor's interpolation error on dropped grid points."))
     args = parser.parse_args(argv)
     root = args.data or tables_root()
     if root is None:
@@ -375,6 +419,12 @@ def main(argv: list[str] | None = None) -> None:
         if args.write and (fits or curves):
             path = write_profile(device, fits, curves, args.engine, source)
             print(f"wrote {path}", file=sys.stderr)
+    if args.interpolation:
+        for name in names:
+            device = load_device(name)
+            if device.kernel_tables and (root / device.kernel_tables).is_dir():
+                for row in interpolation_errors(root, device, args.engine, args.version):
+                    print(row)
     if args.json:
         args.json.write_text(json.dumps(table, indent=1) + "\n")
     if args.markdown or not args.json:
