@@ -12,7 +12,9 @@ BYTES_PER_ELEMENT: dict[str, float] = {
     "fp16": 2.0,
     "fp8": 1.0,
     "int8": 1.0,
-    "fp4": 0.5,
+    # NVFP4: E2M1 values plus one FP8 (E4M3) scale per 16-element block (NVIDIA Blackwell
+    # NVFP4 format, as TensorRT-LLM and ModelOpt store it): 4 + 8/16 bits per element.
+    "fp4": 0.5 + 1 / 16,
     "int4": 0.5,
 }
 

@@ -294,8 +294,9 @@ class InstanceCostModel:
         fit = self._fits.get(label)
         if fit is not None:
             peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
-            compute, memory = fit.parts(peak, self._bw, flops, nbytes, units)
-            fixed = fit.fixed(rows) + (kernels - 1) * fit.floor_us * 1e-6
+            c, m = fit.parts(peak, self._bw, flops, nbytes, units)
+            compute, memory = float(c), float(m)
+            fixed = float(fit.fixed(rows)) + (kernels - 1) * fit.floor_us * 1e-6
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
                 return compute + fixed, memory, 0.0
