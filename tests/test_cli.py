@@ -261,3 +261,13 @@ def test_run_progress_is_event_for_event_the_same_run() -> None:
     with run_progress(Console(force_terminal=True, file=open(os.devnull, "w"))) as callback:
         assert callback is not None
         callback(RunProgress(1.0, 1, 2, None))
+
+
+def test_profiles_show_takes_a_hugging_face_id() -> None:
+    res = runner.invoke(app, ["profiles", "show", "deepseek-ai/DeepSeek-V3"])
+    assert res.exit_code == 0, res.output
+    data = yaml.safe_load(res.output)
+    assert data["name"] == "DeepSeek-V3"
+    assert data["released_precision"] == "fp8"
+    assert data["derived"]["default_precision"]["weights"] == "fp8"
+    assert "deepseek-ai/DeepSeek-V3" in data["derived"]["hugging_face_ids"]

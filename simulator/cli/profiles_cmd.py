@@ -77,7 +77,13 @@ def show_profile(name: Annotated[str, typer.Argument(help="Device, link, engine 
     """Show one profile in full (YAML)."""
     from simulator.hardware.engines import load_engine
     from simulator.hardware.registry import load_device, load_link
-    from simulator.models.catalog import CATALOG, get_model
+    from simulator.models.catalog import (
+        CATALOG,
+        HF_IDS,
+        get_model,
+        hf_ids,
+        released_precisions,
+    )
 
     loaders = (load_device, load_link, load_engine)
     for loader in loaders:
@@ -87,13 +93,15 @@ def show_profile(name: Annotated[str, typer.Argument(help="Device, link, engine 
             continue
         typer.echo(yaml.safe_dump(obj.model_dump(mode="json"), sort_keys=False))
         return
-    if name.lower() in {k.lower() for k in CATALOG}:
+    if name.lower() in {k.lower() for k in CATALOG} or name.lower() in HF_IDS:
         m = get_model(name)
         data = m.model_dump(mode="json")
         data["derived"] = {
             "params_total": m.params_total(),
             "params_active": m.params_active(),
             "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
+            "default_precision": released_precisions(m),
+            "hugging_face_ids": [i for i in hf_ids() if HF_IDS[i.lower()] == m.name],
         }
         typer.echo(yaml.safe_dump(data, sort_keys=False))
         return
