@@ -156,3 +156,21 @@ def test_planner_capacity_figure_follows_the_goodput(folders: dict[str, Path]) -
     assert next(iter(devices.x)) == pytest.approx(4.0)  # starts at the target rate
     assert max(devices.x) == pytest.approx(ranked["goodput_rate_per_s"].max())
     assert list(devices.y) == sorted(devices.y)  # more rate never needs fewer devices
+
+
+def test_capacity_curve_steps_once_per_configuration() -> None:
+    import pandas as pd
+
+    from simulator.runner.planner import capacity_curve
+
+    ranked = pd.DataFrame({
+        "label": ["a", "b", "c", "d"], "devices": [2, 2, 3, 4],
+        "cost_usd_per_hour": [8.5, 8.5, 12.75, 17.0],
+        "goodput_rate_per_s": [50.0, 43.0, 58.0, 40.0], "target_rate_per_s": 30.0})
+    curve = capacity_curve(ranked)
+    assert curve.to_dict("records") == [
+        {"from_rate_per_s": 30.0, "to_rate_per_s": 50.0, "devices": 2,
+         "cost_usd_per_hour": 8.5, "label": "a"},
+        {"from_rate_per_s": 50.0, "to_rate_per_s": 58.0, "devices": 3,
+         "cost_usd_per_hour": 12.75, "label": "c"}]
+    assert capacity_curve(ranked.drop(columns="goodput_rate_per_s")).empty

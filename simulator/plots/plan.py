@@ -19,19 +19,22 @@ def capacity_vs_rate(ranked: pd.DataFrame) -> Figure:
     if curve.empty:
         raise ConfigError("the capacity plot needs the plan's goodput search "
                           "(plan key goodput_search: true)")
-    fig, (ax,) = new_figure(1, 1, width=7.5, height=4.5)
-    rates = curve["rate_per_s"].to_numpy(float)
-    ax.step(rates, curve["devices"], where="pre", marker="o", color="C0", label="devices")
+    fig, (ax,) = new_figure(1, 1, width=8.0, height=4.5)
+    edges = [*curve["from_rate_per_s"], curve["to_rate_per_s"].iloc[-1]]
+    devices = [*curve["devices"], curve["devices"].iloc[-1]]
+    dollars = [*curve["cost_usd_per_hour"], curve["cost_usd_per_hour"].iloc[-1]]
+    ax.step(edges, devices, where="post", color="C0", label="devices")
     ax.set_ylabel("devices", color="C0")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(devices) * 1.25)
+    ax.yaxis.get_major_locator().set_params(integer=True)
     cost = ax.twinx()
-    cost.step(rates, curve["cost_usd_per_hour"], where="pre", marker="s", linestyle="--",
-              color="C3", label="$/hour")
-    cost.set_ylabel("cluster cost ($/hour)", color="C3")
-    cost.set_ylim(bottom=0)
-    for rate, devices, label in zip(rates, curve["devices"], curve["label"], strict=True):
-        ax.annotate(label, (rate, devices), fontsize=7, xytext=(4, 4),
-                    textcoords="offset points")
+    cost.step(edges, dollars, where="post", linestyle="--", color="C3", label="$/hour")
+    cost.set_ylabel("cluster cost ($/hour, dashed)", color="C3")
+    cost.set_ylim(0, max(dollars) * 1.25)
+    for _, row in curve.iterrows():  # each configuration once, over the rates it serves
+        ax.annotate(f"{row['label']}\nup to {row['to_rate_per_s']:.3g} req/s",
+                    ((row["from_rate_per_s"] + row["to_rate_per_s"]) / 2, row["devices"]),
+                    fontsize=7, ha="center", xytext=(0, 6), textcoords="offset points")
     ax.set_xlabel("request rate (req/s)")
     ax.set_title("Devices and $/hour needed against the request rate\n(cheapest ranked "
                  "configuration whose goodput covers the rate)", fontsize="medium")

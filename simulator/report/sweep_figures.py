@@ -171,15 +171,18 @@ def capacity_vs_rate(ranked: pd.DataFrame) -> go.Figure | None:
     if curve.empty:
         return None
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=curve["rate_per_s"], y=curve["devices"], mode="lines+markers",
-                             line_shape="vh", name="devices", text=curve["label"],
-                             hovertemplate="up to %{x:.4g} req/s: %{y} devices<br>%{text}"
+    xs = [*curve["from_rate_per_s"], curve["to_rate_per_s"].iloc[-1]]
+    labels = [*curve["label"], curve["label"].iloc[-1]]
+    fig.add_trace(go.Scatter(x=xs, y=[*curve["devices"], curve["devices"].iloc[-1]],
+                             mode="lines+markers", line_shape="hv", name="devices", text=labels,
+                             hovertemplate="from %{x:.4g} req/s: %{y} devices<br>%{text}"
                                            "<extra></extra>"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=curve["rate_per_s"], y=curve["cost_usd_per_hour"],
-                             mode="lines+markers", line_shape="vh", name="$/hour",
-                             line={"dash": "dash"},
-                             hovertemplate="up to %{x:.4g} req/s: $%{y:,.2f}/h<extra></extra>"),
-                  secondary_y=True)
+    fig.add_trace(go.Scatter(x=xs, y=[*curve["cost_usd_per_hour"],
+                                      curve["cost_usd_per_hour"].iloc[-1]],
+                             mode="lines+markers", line_shape="hv", name="$/hour",
+                             line={"dash": "dash"}, text=labels,
+                             hovertemplate="from %{x:.4g} req/s: $%{y:,.2f}/h<br>%{text}"
+                                           "<extra></extra>"), secondary_y=True)
     fig.update_yaxes(title_text="devices", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title_text="$/hour", rangemode="tozero", secondary_y=True)
     fig.update_layout(template=TEMPLATE, height=400, xaxis_title="request rate (req/s)",

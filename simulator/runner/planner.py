@@ -291,25 +291,29 @@ def capacity_curve(ranked: pd.DataFrame) -> pd.DataFrame:
     """Devices and $/hour needed against the request rate, from a plan's ranked table:
     for each rate from the target up to the highest goodput found, the cheapest ranked
     configuration whose goodput (highest rate still meeting the SLO target) covers it.
-    Columns ``rate_per_s``, ``devices``, ``cost_usd_per_hour``, ``label``; empty without a
+
+    One row per interval of rates served by one configuration: ``from_rate_per_s``,
+    ``to_rate_per_s``, ``devices``, ``cost_usd_per_hour``, ``label``; empty without a
     goodput search. Below the target rate the plan has no answer (cheaper layouts were
     never searched)."""
-    columns = ["rate_per_s", "devices", "cost_usd_per_hour", "label"]
+    columns = ["from_rate_per_s", "to_rate_per_s", "devices", "cost_usd_per_hour", "label"]
     gcol = "goodput_rate_per_s"
-    if gcol not in ranked or ranked.empty:
+    if gcol not in ranked or ranked.empty or not ranked[gcol].notna().any():
         return pd.DataFrame(columns=columns)
     table = ranked[ranked[gcol].notna()]
-    if table.empty:
-        return pd.DataFrame(columns=columns)
     target = float(table["target_rate_per_s"].iloc[0])
-    rates = sorted({target, *(float(g) for g in table[gcol] if g >= target)})
-    rows = []
-    for rate in rates:
-        ok = table[table[gcol] >= rate - 1e-9]
-        if len(ok):
-            best = ok.sort_values(["cost_usd_per_hour", "devices"], kind="stable").iloc[0]
-            rows.append((rate, int(best["devices"]), float(best["cost_usd_per_hour"]),
-                         str(best["label"])))
+    ends = sorted({float(g) for g in table[gcol] if g >= target})
+    rows: list[list[Any]] = []
+    start = target
+    for end in ends:
+        ok = table[table[gcol] >= end - 1e-9]
+        best = ok.sort_values(["cost_usd_per_hour", "devices"], kind="stable").iloc[0]
+        if rows and rows[-1][4] == str(best["label"]):
+            rows[-1][1] = end  # the same configuration serves this interval too
+        else:
+            rows.append([start, end, int(best["devices"]), float(best["cost_usd_per_hour"]),
+                         str(best["label"])])
+        start = end
     return pd.DataFrame(rows, columns=columns)
 
 
