@@ -207,7 +207,7 @@ def test_ties_are_ranked_by_the_stated_rule_and_the_pareto_plot_agrees() -> None
                          ranked["goodput_rate_per_s"].to_numpy(float), decimals=2)
     assert front[0] == 0  # the top pick is the front's first point
     fig = cost_vs_goodput(ranked, labels=ranked["label"])
-    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "1: a" in texts
     # with equal goodput too, the ranking's order decides both
     tied = ranked.assign(goodput_rate_per_s=44.0, cost_usd_per_hour=8.5)

@@ -174,3 +174,18 @@ def test_capacity_curve_steps_once_per_configuration() -> None:
         {"from_rate_per_s": 50.0, "to_rate_per_s": 58.0, "devices": 3,
          "cost_usd_per_hour": 12.75, "label": "c"}]
     assert capacity_curve(ranked.drop(columns="goodput_rate_per_s")).empty
+
+
+def test_plan_report_shows_the_rule_and_warnings(folders: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    import json
+
+    meta = json.loads((folders["plan"] / "plan.json").read_text())
+    assert meta["rank_rule"].startswith("cheapest $/hour first")
+    copy = tmp_path / "plan"
+    shutil.copytree(folders["plan"], copy)
+    meta["warnings"] = ["60 requests at 4 req/s are too few for steady state"]
+    (copy / "plan.json").write_text(json.dumps(meta))
+    text, _ = render(copy)
+    assert "warning: 60 requests at 4 req/s are too few for steady state" in text
+    assert "<th>configuration</th>" in text

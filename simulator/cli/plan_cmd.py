@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -86,7 +87,7 @@ def plan(
         console.print("[red]no configuration meets the SLO at the target rate[/red]")
     if out is not None:
         _write(result, out)
-        console.print(f"wrote {out}/plan.parquet, rejected.csv, simulated.parquet"
+        console.print(f"wrote {out}/plan.parquet, plan.json, rejected.csv, simulated.parquet"
                       + (", best.yaml, pareto.png/svg" if result.best is not None else "")
                       + (", capacity.png/svg" if (out / "capacity.png").is_file() else ""))
     if result.best is None:
@@ -100,6 +101,12 @@ def _write(result: PlanResult, out: Path) -> None:
     from simulator.plots import capacity_vs_rate, cost_vs_goodput, save
 
     out.mkdir(parents=True, exist_ok=True)
+    from simulator.runner.planner import RANK_RULE
+
+    meta = {"name": result.spec.name, "model": result.spec.model,
+            "target_rate_per_s": result.spec.rate, "rank_rule": RANK_RULE,
+            "warnings": result.warnings, "feasible": result.feasible_count}
+    (out / "plan.json").write_text(json.dumps(meta, indent=2) + "\n")
     result.ranked.to_parquet(out / "plan.parquet", index=False)
     result.rejected.to_csv(out / "rejected.csv", index=False)
     result.simulated.to_parquet(out / "simulated.parquet", index=False)

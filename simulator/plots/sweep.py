@@ -238,7 +238,7 @@ def cost_vs_goodput(frame: pd.DataFrame, *, cost: str = "cost_usd_per_hour",
     ax.set_ylabel(ylabel)
     ax.set_title("Cost vs goodput")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", loc="best")
+    legend_below(fig, ax)
     return fig
 
 

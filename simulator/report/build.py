@@ -171,13 +171,19 @@ def plan_report(source: Source) -> Page:
         page.text(f"target {rate:g} req/s; {len(ranked)} configurations meet the SLO, ranked "
                   f"{RANK_RULE}")
         scenario_section(page, source.scenario, "the top pick")
+        for warning in source.meta.get("warnings", []):
+            page.text(f"warning: {warning}", "miss")
         page.heading("Ranked configurations")
-        cols = [c for c in ("rank", "label", "devices", "cost_usd_per_hour", "slo_attainment",
-                            "ttft_p90_s", "tpot_p90_s", "goodput_rate_per_s",
-                            "cost_usd_per_1m_output_tokens") if c in ranked]
+        heads = {"rank": "#", "label": "configuration", "devices": "devices",
+                 "cost_usd_per_hour": "$/hour", "slo_attainment": "SLO %",
+                 "ttft_p90_s": "TTFT p90 ms", "tpot_p90_s": "TPOT p90 ms",
+                 "goodput_rate_per_s": "goodput req/s",
+                 "cost_usd_per_1m_output_tokens": "$/1M out tok"}
+        cols = [c for c in heads if c in ranked]
         scales = {"slo_attainment": 100, "ttft_p90_s": 1e3, "tpot_p90_s": 1e3}
-        page.raw(table(cols, [tuple(r[c] * scales.get(c, 1) for c in cols)
-                              for _, r in ranked.iterrows()]))
+        page.raw(table([heads[c] for c in cols],
+                       [tuple(r[c] * scales.get(c, 1) if c != "label" else str(r[c])
+                              for c in cols) for _, r in ranked.iterrows()]))
         gcol = "goodput_rate_per_s" if "goodput_rate_per_s" in ranked else "goodput"
         page.heading("Cost vs goodput (Pareto front)")
         page.figure(sweep_figures.pareto(

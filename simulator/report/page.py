@@ -29,8 +29,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
     body = []
     for i, row in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        cells = "".join(f"<td>{c if isinstance(c, Markup) else html.escape(fmt(c))}</td>"
-                        for c in row)
+        cells = "".join(
+            f"<td>{c}</td>" if isinstance(c, Markup) else
+            f'<td style="text-align:left">{html.escape(str(c))}</td>' if isinstance(c, str)
+            else f"<td>{html.escape(fmt(c))}</td>" for c in row)
         body.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
