@@ -202,6 +202,14 @@ def test_batches_pad_to_the_next_captured_size() -> None:
     assert host_model(load_engine("vllm"), max_num_seqs=8).graph_sizes[-1] == 16  # 2 x seqs
 
 
+def test_breakdown_lists_the_host_time_the_step_pays() -> None:
+    host = HostModel(step_s=100e-6, per_seq_s=2e-6, eager_layer_s=10e-6, graph_sizes=(1, 8))
+    cm = InstanceCostModel(M8, H100, host=host)
+    assert cm.breakdown(BatchShape.decode(8, 8000))["host"] == pytest.approx(116e-6)
+    eager = cm.breakdown(BatchShape.decode(9, 9000))["host"]
+    assert eager == pytest.approx(100e-6 + 18e-6 + 10e-6 * M8.num_layers)
+
+
 def test_padding_and_eager_launch_gaps_cost_time() -> None:
     pad = HostModel(graph_sizes=(1, 64), eager_layer_s=20e-6)
     plain = InstanceCostModel(M8, H100)
@@ -215,11 +223,14 @@ def test_padding_and_eager_launch_gaps_cost_time() -> None:
     assert eager - graphed > 0.9 * 20e-6 * M8.num_layers
 
 
-@pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
-def test_decode_series_equals_steps_with_host_costs(overlap: float) -> None:
+@pytest.mark.parametrize(("overlap", "fitted"), [(0.0, False), (0.5, False), (1.0, False),
+                                                (0.0, True)])
+def test_decode_series_equals_steps_with_host_costs(overlap: float, fitted: bool) -> None:
+    """Fast-forwarded decode equals step-by-step pricing, padding rows included (the
+    fitted per-operator attention also sees the captured batch size)."""
     host = HostModel(step_s=300e-6, per_seq_s=5e-6, eager_layer_s=10e-6, overlap=overlap,
                      graph_sizes=(1, 2, 4, 8, 16, 32))
-    cm = InstanceCostModel(M8, H100, host=host)
+    cm = InstanceCostModel(M8, H100, host=host, fitted=fitted, engine="vllm")
     for seqs in (3, 16, 40):
         ctx = np.array([seqs * 500.0, seqs * 900.0])
         series = cm.decode_series(seqs, ctx)

@@ -149,8 +149,11 @@ class InstanceCostModel:
         """
         ops: dict[str, float] = {}
         self._step(batch, decode_attention=True, ops=ops)
-        ops["host"] = self.step_overhead_s + self.per_sequence_overhead_s * (
-            batch.prefill_seqs + batch.decode_seqs)
+        hm = self.host
+        assert hm is not None
+        graphed = hm.graph_batch(batch.decode_seqs, batch.prefill_tokens) is not None
+        ops["host"] = hm.host_s(batch.prefill_seqs + batch.decode_seqs, self.model.num_layers,
+                                graphed)
         return ops
 
     def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
@@ -172,17 +175,18 @@ class InstanceCostModel:
         padded = host.graph_batch(seqs)
         graphed = padded is not None
         host_s = host.host_s(seqs, self.model.num_layers, graphed)
+        rows = max(seqs, padded or 0)  # a replayed graph runs its captured batch size
         ctx = np.asarray(ctx_sums, dtype=float)
         layers = self.model.num_layers
-        flops, nbytes = self._decode_attention_work(max(seqs, padded or 0), ctx)
+        flops, nbytes = self._decode_attention_work(rows, ctx)
         dev = self.device
         eff = dev.efficiency
         fit = self._fits.get("attention_decode")
         launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
             compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes,
-                                        seqs * self.kv_heads_per_device)
-            fixed = fit.fixed(seqs * self.model.num_attention_heads / self.parallelism.tp)
+                                        rows * self.kv_heads_per_device)
+            fixed = fit.fixed(rows * self.model.num_attention_heads / self.parallelism.tp)
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
             memory = np.where(on_compute, memory, memory + fixed)
