@@ -66,7 +66,8 @@ class ClosedLoop(Spec):
     warmup_requests: int = Field(0, ge=0, description=(
         "Requests sent first at the same concurrency and left out of the results, as "
         "`vllm bench serve --num-warmups` and aiperf `--warmup-request-count` do; the "
-        "measured requests start when the last warm-up has ended."))
+        "measured requests start when the last warm-up has ended (aiperf waits for every "
+        "warm-up response before profiling, ai-dynamo/aiperf docs/tutorials/warmup.md)."))
 
 
 class AllAtOnce(Spec):
