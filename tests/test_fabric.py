@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -271,8 +272,9 @@ def test_gb200_trays_hand_off_over_nvlink_inside_the_rack() -> None:
 
 
 def test_nics_shared_by_two_gpus_halve_a_full_node_hand_off(tmp_path) -> None:
-    device = (load_device_yaml("H100-SXM")
-              .replace("devices_per_node: 8", "devices_per_node: 8\nscale_out_nics_per_node: 4"))
+    device = re.sub(r"scale_out_nics_per_node: 8[^\n]*", "scale_out_nics_per_node: 4",
+                    load_device_yaml("H100-SXM"))
+    assert "scale_out_nics_per_node: 4" in device
     shared = tmp_path / "H100-4nic.yaml"
     shared.write_text(device)
     one = pd_scenario({"parallelism": {"tp": 8}}, [{"name": "decode", "parallelism": {"tp": 8}}],
