@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import signal
+
 import pytest
 import simpy
 from hypothesis import given, settings
@@ -91,6 +94,35 @@ def test_degraded_and_dead_resources() -> None:
     env.process(one(1.0))
     env.run(until=3.0)
     assert got[-1] == (pytest.approx(2.6), False)  # nothing gets through a dead NIC
+
+
+def test_uncapping_a_flow_with_no_finite_resource_finishes_it() -> None:
+    """A layer-wise stream over an ideal link is limited by its cap alone; lifting the
+    cap (the prefill ended early) leaves nothing to wait for."""
+    env = simpy.Environment()
+    fabric = Fabric(env)
+    ideal = ResourceSpec("ideal:tx", float("inf"))
+    (flow,) = fabric.start([FlowSpec((ideal,), 10 * GB, cap=1 * GB)])
+
+    def prefill_ends() -> simpy.events.ProcessGenerator:
+        yield env.timeout(4.0)
+        fabric.uncap([flow])
+
+    env.process(prefill_ends())
+
+    def hung(_signum: int, _frame: object) -> None:
+        raise TimeoutError("the re-plan never converged")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        env.run(until=100.0)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert flow.done.triggered
+    assert flow.done.value is True
+    assert fabric.active == 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -240,8 +272,9 @@ def test_gb200_trays_hand_off_over_nvlink_inside_the_rack() -> None:
 
 
 def test_nics_shared_by_two_gpus_halve_a_full_node_hand_off(tmp_path) -> None:
-    device = (load_device_yaml("H100-SXM")
-              .replace("devices_per_node: 8", "devices_per_node: 8\nscale_out_nics_per_node: 4"))
+    device = re.sub(r"scale_out_nics_per_node: 8[^\n]*", "scale_out_nics_per_node: 4",
+                    load_device_yaml("H100-SXM"))
+    assert "scale_out_nics_per_node: 4" in device
     shared = tmp_path / "H100-4nic.yaml"
     shared.write_text(device)
     one = pd_scenario({"parallelism": {"tp": 8}}, [{"name": "decode", "parallelism": {"tp": 8}}],

@@ -227,3 +227,26 @@ def test_layerwise_streams_share_the_decode_ports(tmp_path) -> None:
     # ... and the streams did overlap the prefills: far less is exposed than in bulk mode.
     bulk = run(sc.with_(**{"cluster.kv_transfer.mode": "bulk"})).transfers
     assert t["exposed_s"].max() < bulk["exposed_s"].max() - 0.5 * r["prefill_s"].min()
+
+
+def test_layerwise_stream_to_a_failed_decode_instance_is_withdrawn() -> None:
+    """The destination dies while the prompt is still prefilling: its stream and its
+    reservation go; the hand-off then waits after the prefill, as a bulk one would."""
+    sc = disagg(None, "layerwise", **{
+        "model": "Llama-3.1-8B",
+        "cluster.pools.prefill.parallelism": {"tp": 1},
+        "cluster.pools.decode.parallelism": {"tp": 1},
+        "workload.arrival": {"kind": "all_at_once"},
+        "workload.input_tokens": {"kind": "fixed", "tokens": 8000},
+        "workload.num_requests": 1,
+        "faults": [{"kind": "instance_failure", "target": "decode/0", "at_s": 0.01}],
+    })
+    res = run(sc)
+    r = res.requests.iloc[0]
+    assert r["prefill_start_s"] == 0.0
+    assert r["prefill_end_s"] > 0.01  # the failure came while the prompt was prefilling
+    assert r["status"] == "in_flight"  # no decode instance is left to hand off to
+    assert np.isnan(r["transfer_start_s"])
+    assert np.isnan(r["decode_admit_s"])
+    assert r["decode_instance_name"] == ""
+    assert len(res.transfers) == 0

@@ -251,7 +251,11 @@ class Cluster:
         early = self.streaming.pop(req.id, None)
         for flow in self.flows.pop(req.id, ()):
             self.fabric.cancel(flow)
-        return early[1] if early is not None else req
+        if early is None:
+            return req
+        # The stream that began at prefill start is gone: the hand-off has not started.
+        early[2].transfer_start_s = early[2].decode_admit_s = float("nan")
+        return early[1]
 
     def _transfer(self, req: Request, src: Instance, dst: Instance,
                   streamed: bool = False) -> Generator[simpy.Event, Any, None]:

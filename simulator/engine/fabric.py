@@ -170,10 +170,16 @@ class Fabric:
         self._replan()
 
     def uncap(self, flows: list[Flow]) -> None:
-        """Lift the cap of running flows (a layer-wise stream once the prefill is done)."""
+        """Lift the cap of running flows (a layer-wise stream once the prefill is done).
+
+        A flow that crosses no finite resource is then done at once.
+        """
         self._advance()
         for flow in flows:
             flow.cap = INF
+            if not flow.resources and flow in self._flows:
+                self._drop(flow)
+                flow.done.succeed(True)
         self._replan()
 
     # ----- faults ----------------------------------------------------------------
@@ -222,8 +228,7 @@ class Fabric:
             for r, n in users.items():
                 if n:
                     level = min(level, max(0.0, left[r]) / n)
-            if level == INF:  # no finite constraint: cannot happen (checked at start)
-                level = 0.0
+            assert level < INF, "a flow with neither a cap nor a finite resource"
             full = {r for r, n in users.items() if n and max(0.0, left[r]) / n <= level}
             frozen = [f for f in unfrozen
                       if f.cap <= level or any(r in full for r in f.resources)]
