@@ -79,8 +79,7 @@ class Cluster:
                 first_token=spec.first_token,
             )
             if not spec.active:
-                inst.active = False
-                inst.power(False)
+                inst.switch_off()
             self.instances.append(inst)
         if self.transfer.mode == "layerwise":
             for inst in self.instances:
@@ -110,7 +109,7 @@ class Cluster:
 
     def _route(self, req: Request) -> None:
         if self.router.dispatch == "central_queue":
-            candidates = [x for x in self.entry if self._has_slot(x)]
+            candidates = [x for x in self.entry if x.has_slot()]
             if not candidates or self.pending_entry:  # FIFO: nobody overtakes the queue
                 req.status = "queued"
                 self.pending_entry.append(req)
@@ -124,15 +123,9 @@ class Cluster:
         inst = self._entry_policy(candidates, req, self.router_state, "entry")
         inst.enqueue(req)  # type: ignore[attr-defined]
 
-    @staticmethod
-    def _has_slot(inst: Instance) -> bool:
-        """Central queue: the instance can take one more sequence now."""
-        return inst.accepting and (len(inst.waiting) + len(inst.running) + inst.held
-                                   < inst.max_running)
-
     def _pull(self, inst: Instance) -> None:
         """Central queue: hand waiting requests to ``inst`` while it has free slots."""
-        while self.pending_entry and self._has_slot(inst):
+        while self.pending_entry and inst.has_slot():
             inst.enqueue(self.pending_entry.popleft())
 
     # ----- completions -----------------------------------------------------------------
@@ -185,7 +178,7 @@ class Cluster:
             # The prefill has handed its blocks to src_blocks: the request itself now
             # carries the decode reservation.
             req.blocks = stand_in.blocks
-            dst.reserved_reqs[req.id] = req
+            dst.rebind_reservation(req)
             self.env.process(self._transfer(req, src, dst, streamed=True))
             return
         if not self._place(req, src):

@@ -75,7 +75,7 @@ class Recorder:
 
     def steps_bulk(self, instance: int, starts: np.ndarray, durations: np.ndarray,
                    decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
-                   kv_total: int, queue_len: int, running: int, bounds: np.ndarray,
+                   kv_total: int, queue_len: np.ndarray, running: np.ndarray, bounds: np.ndarray,
                    compute_s: np.ndarray, memory_s: np.ndarray) -> None:
         """Rows of ``len(starts)`` consecutive decode-only steps (a fast-forward jump)."""
         n = len(starts)
@@ -87,10 +87,10 @@ class Recorder:
         s["prefill_seqs"].extend([0] * n)
         s["decode_seqs"].extend([decode_seqs] * n)
         s["decode_ctx_tokens"].extend(np.asarray(decode_ctx, dtype=np.int64).tolist())
-        s["kv_used_blocks"].extend(kv_used.tolist())
+        s["kv_used_blocks"].extend(np.asarray(kv_used, dtype=np.int64).tolist())
         s["kv_total_blocks"].extend([kv_total] * n)
-        s["queue_len"].extend([queue_len] * n)
-        s["running"].extend([running] * n)
+        s["queue_len"].extend(np.asarray(queue_len, dtype=np.int64).tolist())
+        s["running"].extend(np.asarray(running, dtype=np.int64).tolist())
         s["bound"].extend(np.asarray(bounds, dtype=np.int8).tolist())
         s["compute_s"].extend(np.asarray(compute_s, dtype=float).tolist())
         s["memory_s"].extend(np.asarray(memory_s, dtype=float).tolist())

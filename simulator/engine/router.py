@@ -19,7 +19,10 @@ class Routable(Protocol):
     @property
     def kv_load(self) -> float: ...
 
-    queued_tokens: int
+    @property
+    def queued_tokens(self) -> int: ...
+
+    def prefix_match_tokens(self, req: Request) -> int: ...
 
 
 class RouterState:
@@ -72,7 +75,7 @@ def prefix_affinity(candidates: Sequence[Routable], req: Request, _s: RouterStat
     the tokens the hit would save, so cache affinity is balanced against load.
     """
     def work(c: Routable) -> tuple[int, int, int]:
-        hit = c.prefix_match_tokens(req)  # type: ignore[attr-defined]
+        hit = c.prefix_match_tokens(req)
         return (c.queued_tokens + req.prompt_tokens - hit, c.outstanding, c.index)
 
     return min(candidates, key=work)

@@ -145,7 +145,7 @@ class Simulation:
 def _admissible_tokens(cluster: Cluster) -> int:
     """Longest request (prompt + output) some instance on its path can ever hold."""
     decode_side = cluster.decoders or cluster.entry
-    return max(d.kv.total * d.kv.block_size for d in decode_side) - 1
+    return max(d.kv_capacity_tokens for d in decode_side) - 1
 
 
 def run(scenario: Scenario | str | Path, *, seed: int | None = None,
