@@ -44,6 +44,9 @@ class InstanceSpec:
     cold_start_s: float = 0.0
     """Time from a scale-out decision until the instance serves (weights load + start-up)."""
     devices: int = 1
+    max_num_seqs_per: str = "engine"
+    """Whether ``max_num_seqs`` caps the instance (``engine``) or each of its pp micro-batch
+    schedulers (``virtual_engine``)."""
     first_token: str = "decode_recompute"
     """Prefill role: whether the prefill emits the client's first token with the KV
     (``forwarded_after_transfer``) or the decode side recomputes it (``decode_recompute``)."""
@@ -76,7 +79,7 @@ class Cluster:
                 self.env, i, spec.name, spec.pool, spec.role, spec.cost, spec.kv_blocks,
                 spec.block_size, spec.scheduler, self.recorder, self._prefilled,
                 self._complete, self._kv_freed, self.fast_forward, self.prefix_block_tokens,
-                first_token=spec.first_token,
+                first_token=spec.first_token, max_num_seqs_per=spec.max_num_seqs_per,
             )
             if not spec.active:
                 inst.switch_off()

@@ -71,6 +71,7 @@ class Instance:
         fast_forward: bool = True,
         prefix_block_tokens: int = 512,
         first_token: str = "decode_recompute",
+        max_num_seqs_per: str = "engine",
     ) -> None:
         self.env = env
         self.index = index
@@ -95,8 +96,10 @@ class Instance:
         self.on_prefill_start: Callable[[Instance, Request], None] | None = None
         self.pp = cost.parallelism.pp
         self.fast_forward = fast_forward and self.pp == 1
-        # With pp micro-batches in flight, each carries up to max_num_seqs sequences.
-        self.max_running = scheduler.max_num_seqs * self.pp
+        # vLLM V1 caps the running requests of the whole engine at max_num_seqs, however
+        # many micro-batches are in flight; V0's pp virtual engines each had the cap.
+        self.max_running = scheduler.max_num_seqs * (
+            self.pp if max_num_seqs_per == "virtual_engine" else 1)
         self.kv_capacity_tokens = kv_blocks * block_size
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
@@ -374,7 +377,7 @@ class Instance:
             if self.pp == 1:
                 seconds = step.seconds * self._speed
                 yield env.timeout(seconds)
-                self._record(start, seconds, shape, step)
+                self._record(start, seconds, seconds, shape, step)
                 self._finish(batch, start)
                 continue
             yield from self._pipeline(batch, shape, step)
@@ -400,6 +403,9 @@ class Instance:
             if s == 0:
                 first_stage_done = t
         exit_s = t
+        # Device time per device: the host work and every stage's compute, spread over
+        # the pp stage groups (each stage's devices run only their own stage).
+        busy_s = step.seconds * self._speed / self.pp
         self._in_flight += 1
         epoch = self._epoch
 
@@ -411,7 +417,7 @@ class Instance:
                 req.in_flight = False
             for req in batch.decodes:
                 req.in_flight = False
-            self._record(start, exit_s - start, shape, step)
+            self._record(start, exit_s - start, busy_s, shape, step)
             self._finish(batch, start)
             self._wake_up()
 
@@ -632,10 +638,11 @@ class Instance:
         return Batch([], decodes) if decodes else None
 
     # ----- results of a step -----------------------------------------------------------
-    def _record(self, start: float, seconds: float, shape: BatchShape, step: StepCost) -> None:
+    def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
+                step: StepCost) -> None:
         # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         self.recorder.step(
-            self.index, start, seconds, shape.prefill_tokens, shape.prefill_seqs,
+            self.index, start, seconds, busy_s, shape.prefill_tokens, shape.prefill_seqs,
             shape.decode_seqs, shape.decode_ctx_tokens, self._kv.used, self._kv.total,
             len(self._waiting), len(self._running), step.bound, step.compute_s / self.pp,
             step.memory_s / self.pp,
