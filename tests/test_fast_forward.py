@@ -58,7 +58,7 @@ def assert_same_steps(a: pd.DataFrame, b: pd.DataFrame) -> None:
     a, b = _sorted_steps(a), _sorted_steps(b)
     assert len(a) == len(b)
     for col in a.columns:
-        if col in ("start_s", "duration_s", "end_s", "compute_s", "memory_s"):
+        if col in ("start_s", "duration_s", "busy_s", "end_s", "compute_s", "memory_s"):
             _same_floats(a[col].to_numpy(), b[col].to_numpy(), f"steps.{col}")
         else:
             bad = np.flatnonzero(a[col].to_numpy() != b[col].to_numpy())
