@@ -108,17 +108,31 @@ class Cluster:
     # ----- arrivals ------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         self.recorder.requests.append(req)
+        # Only instances that can ever hold the request may serve it: one that cannot
+        # would keep it at its queue head for good.
+        need = req.prompt_tokens + req.output_tokens
+        sides = [("colocated or prefill", self.entry)]
+        if self.decoders:
+            sides.append(("decode", self.decoders))
+        for side, pool in sides:
+            if not any(x.can_ever_hold(req) for x in pool):
+                req.status = "rejected"
+                most = max(x.kv_capacity_tokens for x in pool)
+                req.reason = (f"prompt+output {need} tokens exceed the KV capacity of every "
+                              f"{side} instance (largest: {most} tokens)")
+                self.on_finished(req)
+                return
         self._route(req)
 
     def _route(self, req: Request) -> None:
         if self.router.dispatch == "central_queue":
-            candidates = [x for x in self.entry if x.has_slot()]
+            candidates = [x for x in self.entry if x.has_slot() and x.can_ever_hold(req)]
             if not candidates or self.pending_entry:  # FIFO: nobody overtakes the queue
                 req.status = "queued"
                 self.pending_entry.append(req)
                 return
         else:
-            candidates = [x for x in self.entry if x.accepting]
+            candidates = [x for x in self.entry if x.accepting and x.can_ever_hold(req)]
         if not candidates:  # every entry instance is down or off: wait for one
             req.status = "queued"
             self.pending_entry.append(req)
@@ -128,7 +142,8 @@ class Cluster:
 
     def _pull(self, inst: Instance) -> None:
         """Central queue: hand waiting requests to ``inst`` while it has free slots."""
-        while self.pending_entry and inst.has_slot():
+        while (self.pending_entry and inst.has_slot()
+               and inst.can_ever_hold(self.pending_entry[0])):
             inst.enqueue(self.pending_entry.popleft())
 
     # ----- completions -----------------------------------------------------------------
@@ -191,12 +206,13 @@ class Cluster:
         if self.router.decode_policy in _MIN_KEY_POLICIES:
             # A least-something policy picks the same instance among those that fit as
             # among all, whenever its pick fits: try that first, filter only if not.
-            serving = [d for d in self.decoders if d.accepting]
+            serving = [d for d in self.decoders if d.accepting and d.can_ever_hold(req)]
             if serving:
                 pick = self._decode_policy(serving, req, self.router_state, "decode")
                 if pick.can_reserve(req):  # type: ignore[attr-defined]
                     return pick  # type: ignore[return-value]
-        fits = [d for d in self.decoders if d.accepting and d.can_reserve(req)]
+        fits = [d for d in self.decoders
+                if d.accepting and d.can_ever_hold(req) and d.can_reserve(req)]
         if not fits:
             return None
         return self._decode_policy(fits, req, self.router_state, "decode")  # type: ignore[return-value]

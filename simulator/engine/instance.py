@@ -205,6 +205,14 @@ class Instance:
                 < self.max_running)
 
     @observes
+    def can_ever_hold(self, req: Request) -> bool:
+        """Whether this instance's whole KV could hold ``req``: its prompt (and tokens
+        generated before a restart) on a prefill instance, prompt + output otherwise."""
+        if self.role == "prefill":
+            return req.prefill_target + 1 <= self.kv_capacity_tokens
+        return req.prompt_tokens + req.output_tokens <= self.kv_capacity_tokens - 1
+
+    @observes
     def can_reserve(self, req: Request) -> bool:
         if len(self._running) + len(self._reserved) >= self.max_running:
             return False
