@@ -52,7 +52,18 @@ def test_request_no_instance_can_hold_is_rejected_naming_the_side() -> None:
                      "workload.num_requests": 20})
     r = Simulation(sc).run().requests
     big = r[r["output_tokens"] == room]
-    assert len(big) and (big["status"] == "rejected").all()
+    assert len(big) > 0
+    assert (big["status"] == "rejected").all()
     assert big["reason"].str.contains("every decode instance").all()
     assert (r.loc[r["output_tokens"] == 16, "status"] == "completed").all()
 
+
+def test_routing_policies_are_a_read_only_table() -> None:
+    from typing import get_args
+
+    from simulator.engine.config import RoutingPolicy
+    from simulator.engine.router import POLICIES
+
+    assert set(POLICIES) == set(get_args(RoutingPolicy))
+    with pytest.raises(TypeError):
+        POLICIES["mine"] = POLICIES["random"]  # type: ignore[index]

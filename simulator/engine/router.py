@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -86,22 +87,13 @@ def random_choice(candidates: Sequence[Routable], _req: Request, state: RouterSt
     return candidates[int(state.rng.integers(len(candidates)))]
 
 
-POLICIES: dict[str, Policy] = {}
-
-
-def register(name: str, policy: Policy) -> None:
-    if name in POLICIES:
-        raise ValueError(f"routing policy {name!r} is already registered")
-    POLICIES[name] = policy
-
-
-for _name, _policy in (
-    ("round_robin", round_robin),
-    ("least_outstanding", least_outstanding),
-    ("least_tokens", least_tokens),
-    ("least_kv", least_kv),
-    ("power_of_two", power_of_two),
-    ("random", random_choice),
-    ("prefix_affinity", prefix_affinity),
-):
-    register(_name, _policy)
+POLICIES: Mapping[str, Policy] = MappingProxyType({
+    "round_robin": round_robin,
+    "least_outstanding": least_outstanding,
+    "least_tokens": least_tokens,
+    "least_kv": least_kv,
+    "power_of_two": power_of_two,
+    "random": random_choice,
+    "prefix_affinity": prefix_affinity,
+})
+"""The routing policies by name, read-only: per-run state lives in :class:`RouterState`."""
