@@ -47,9 +47,12 @@ def test_energy_from_tdp_idle_and_utilisation() -> None:
     assert out["power_w"] == pytest.approx(watts)
     assert out["energy_kwh"] == pytest.approx(watts / 1000)  # one hour
     assert out["energy_j_per_output_token"] == pytest.approx(watts * 3600 / (100 * 3600))
-    # A pool that never stepped draws idle power; utilisation is clamped to [0, 1].
+    # A pool that never stepped draws idle power; a utilisation above 1 is a bug upstream,
+    # never silently clamped to TDP.
     assert device_power_w(h100, 0.0) == h100.power.idle_w
-    assert device_power_w(h100, 3.0) == h100.power.tdp_w
+    assert device_power_w(h100, 1.0) == h100.power.tdp_w
+    with pytest.raises(ValueError, match="outside"):
+        device_power_w(h100, 3.0)
 
 
 def test_missing_price_gives_nan_not_a_guess() -> None:

@@ -1,48 +1,151 @@
-"""Decode fast-forward must give the per-request results of step-by-step simulation."""
+"""Decode fast-forward must give the results of step-by-step simulation, in every frame.
+
+Requests, steps (sorted by instance and start) and the monitoring series are compared,
+timestamps within 1e-9 s, on every shipped scenario (request counts truncated to keep the
+test affordable) and on generated clusters with prefix caching, prefix-affinity routing
+under KV pressure, link failures, instance failures and autoscaling.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pandas as pd
+import pytest
+import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator import run
+from simulator import Simulation, run
+from simulator.engine.cluster import Cluster
+from simulator.engine.instance import Instance
+from simulator.engine.recorder import Recorder
+from simulator.engine.request import Request
+from simulator.engine.router import RouterState
+from simulator.metrics.monitoring import instance_timeseries, pool_timeseries
+from simulator.scenario.load import load_scenario, scenario_dir
 from tests.conftest import make_scenario
+from tests.test_invariants import IDS, SHIPPED
 
-TIME_COLUMNS = ["arrival_s", "prefill_start_s", "first_token_s", "transfer_start_s",
-                "transfer_end_s", "decode_start_s", "completion_s"]
+TIME_COLUMNS = ["arrival_s", "prefill_start_s", "prefill_end_s", "first_token_s",
+                "transfer_wait_s", "transfer_start_s", "transfer_end_s", "decode_admit_s",
+                "decode_start_s", "second_token_s", "completion_s"]
+
+
+def _same_floats(x: np.ndarray, y: np.ndarray, what: str) -> None:
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    assert x.shape == y.shape, what
+    assert np.array_equal(np.isnan(x), np.isnan(y)), what
+    assert np.nanmax(np.abs(x - y), initial=0.0) <= 1e-9, what
 
 
 def assert_same_requests(a: pd.DataFrame, b: pd.DataFrame) -> None:
     assert list(a["request_id"]) == list(b["request_id"])
     for col in TIME_COLUMNS:
-        x, y = a[col].to_numpy(), b[col].to_numpy()
-        assert np.array_equal(np.isnan(x), np.isnan(y)), col
-        assert np.nanmax(np.abs(x - y), initial=0.0) <= 1e-9, col
-    for col in ("generated_tokens", "preemptions", "status", "prefill_instance",
-                "decode_instance"):
+        _same_floats(a[col].to_numpy(), b[col].to_numpy(), col)
+    for col in ("generated_tokens", "preemptions", "restarts", "status", "prefill_instance",
+                "decode_instance", "cached_tokens"):
         assert list(a[col]) == list(b[col]), col
 
 
-def both(sc):
-    fast = run(sc.with_(**{"simulation.fast_forward": True}))
-    slow = run(sc.with_(**{"simulation.fast_forward": False}))
+def _sorted_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    return steps.sort_values(["instance", "start_s"], kind="stable").reset_index(drop=True)
+
+
+def assert_same_steps(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    a, b = _sorted_steps(a), _sorted_steps(b)
+    assert len(a) == len(b)
+    for col in a.columns:
+        if col in ("start_s", "duration_s", "busy_s", "end_s", "compute_s", "memory_s"):
+            _same_floats(a[col].to_numpy(), b[col].to_numpy(), f"steps.{col}")
+        else:
+            bad = np.flatnonzero(a[col].to_numpy() != b[col].to_numpy())
+            assert not len(bad), (f"steps.{col}", a.iloc[bad[:3]].to_dict("records"),
+                                  b.iloc[bad[:3]].to_dict("records"))
+
+
+def assert_same_monitoring(fast: Any, slow: Any, interval_s: float) -> None:
+    end = max(float(fast.requests["completion_s"].max(skipna=True) or 0.0), 1.0)
+    for frame in (lambda r: instance_timeseries(r.steps, interval_s, end),
+                  lambda r: pool_timeseries(r.steps, r.requests, interval_s, end)):
+        x, y = frame(fast), frame(slow)
+        assert list(x.columns) == list(y.columns)
+        assert len(x) == len(y)
+        for col in x.columns:
+            if pd.api.types.is_numeric_dtype(x[col]):
+                _same_floats(x[col].to_numpy(), y[col].to_numpy(), f"monitoring.{col}")
+            else:
+                assert list(x[col].astype(str)) == list(y[col].astype(str)), col
+
+
+def both(sc, **kw):
+    fast = run(sc.with_(**{"simulation.fast_forward": True}), **kw)
+    slow = run(sc.with_(**{"simulation.fast_forward": False}), **kw)
     return fast, slow
 
 
-def test_fast_forward_matches_and_saves_events() -> None:
+def assert_identical(fast: Any, slow: Any, interval_s: float = 1.0) -> None:
+    assert_same_requests(fast.requests, slow.requests)
+    assert_same_steps(fast.steps, slow.steps)
+    assert_same_monitoring(fast, slow, interval_s)
+
+
+# ----- the gate is structural --------------------------------------------------------
+# Fixed at construction (or wiring the cluster sets up before the clock starts), never
+# changed afterwards: reading them needs no gate.
+CONSTANTS = {"env", "index", "name", "pool", "role", "cost", "sched", "recorder", "pp",
+             "fast_forward", "emits_first_token", "max_running", "kv_capacity_tokens",
+             "process", "on_prefill_start"}
+
+
+def test_every_public_member_of_an_instance_passes_the_gate() -> None:
+    sc = make_scenario(**{"workload.num_requests": 3})
+    plan = Simulation(sc).plan
+    cluster = Cluster(simpy.Environment(), plan.instances, sc.cluster.router,
+                      RouterState(np.random.default_rng(0)), Recorder())
+    inst = cluster.instances[0]
+    public_state = {k for k in vars(inst) if not k.startswith("_")}
+    assert public_state <= CONSTANTS, public_state - CONSTANTS
+    for name, member in vars(Instance).items():
+        if name.startswith("_"):
+            continue
+        fn = member.fget if isinstance(member, property) else member
+        assert getattr(fn, "__gate__", None) in {"observes", "mutates"}, name
+
+
+# ----- every shipped scenario ----------------------------------------------------------
+def _truncated(path: Path, requests: int = 120):
+    sc = load_scenario(path)
+    sc = sc.with_(**{"workload.num_requests": min(sc.workload.num_requests or requests,
+                                                  requests)})
+    # Timed faults inside the truncated run, so they happen.
+    updates: dict[str, Any] = {}
+    for i, fault in enumerate(sc.faults):
+        if hasattr(fault, "at_s"):
+            updates[f"faults.{i}.at_s"] = min(fault.at_s, 2.0)
+    return sc.with_(**updates) if updates else sc
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=IDS)
+def test_fast_forward_identical_on_shipped_scenario(path: Path) -> None:
+    sc = _truncated(path)
+    fast, slow = both(sc, base_dir=scenario_dir(path))
+    assert fast.summary["completed"] > 0
+    assert_identical(fast, slow, sc.simulation.monitor_interval_s or 1.0)
+
+
+def test_fast_forward_saves_events() -> None:
     sc = make_scenario(**{"workload.output_tokens": {"kind": "uniform", "min_tokens": 50,
                                                      "max_tokens": 400},
                           "workload.arrival.rate_per_s": 2.0})
     fast, slow = both(sc)
-    assert_same_requests(fast.requests, slow.requests)
-    assert len(fast.steps) == len(slow.steps)
-    assert np.allclose(fast.steps["start_s"], slow.steps["start_s"], atol=1e-9, rtol=0)
-    assert fast.summary["itl_p99_s"] == slow.summary["itl_p99_s"] or abs(
-        fast.summary["itl_p99_s"] - slow.summary["itl_p99_s"]) < 1e-12
+    assert_identical(fast, slow)
+    assert fast.sim_events < slow.sim_events / 3
 
 
+# ----- generated clusters ----------------------------------------------------------------
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rate=st.floats(0.2, 30),
@@ -77,4 +180,98 @@ def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, u
         "cluster.router.dispatch": dispatch,
     })
     fast, slow = both(sc)
-    assert_same_requests(fast.requests, slow.requests)
+    assert_identical(fast, slow)
+
+
+# A small KV (Llama-3.1-8B on L40S at low memory utilisation) so caches evict and
+# sequences are preempted; long shared prefixes so prefix-affinity routing has hits.
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rate=st.floats(1.0, 40.0),
+    instances=st.integers(1, 3),
+    util=st.floats(0.4, 0.5),
+    prefix=st.integers(600, 3000),
+    groups=st.integers(1, 6),
+    max_out=st.integers(20, 600),
+    seqs=st.integers(4, 64),
+    policy=st.sampled_from(["prefix_affinity", "least_kv", "least_tokens"]),
+    disagg=st.booleans(),
+    fault=st.sampled_from(["none", "link_down", "link_slow", "instance", "straggler"]),
+    autoscale=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_fast_forward_identical_under_pressure_faults_and_scaling(
+        rate, instances, util, prefix, groups, max_out, seqs, policy, disagg, fault,
+        autoscale, seed) -> None:
+    sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "prefix_caching": True,
+             "memory_utilization": util}
+    entry: dict[str, Any] = {"name": "main", "device": "L40S", "instances": instances,
+                             "scheduler": sched}
+    if disagg:
+        entry["role"] = "prefill"
+    if autoscale:
+        entry["instances"] = 1
+        entry["autoscale"] = {"min_instances": 1, "max_instances": max(2, instances),
+                              "signal": "queue_length", "scale_out_above": 2.0,
+                              "scale_in_below": 0.5, "interval_s": 0.5, "cooldown_s": 1.0,
+                              "startup_s": 0.5}
+    pools = [entry]
+    if disagg:
+        pools.append({"name": "d", "role": "decode", "device": "L40S", "instances": 2,
+                      "scheduler": {**sched, "prefix_caching": False}})
+    faults: list[dict[str, Any]] = []
+    if fault == "link_down" and disagg:
+        faults.append({"kind": "link_degradation", "target": "main/0", "at_s": 1.0,
+                       "bandwidth_factor": 0.0})
+    elif fault == "link_slow" and disagg:
+        faults.append({"kind": "link_degradation", "target": "main/0", "at_s": 0.5,
+                       "duration_s": 2.0, "bandwidth_factor": 0.01})
+    elif fault == "instance":
+        target = "d/0" if disagg else "main/0"
+        faults.append({"kind": "instance_failure", "target": target, "at_s": 1.5,
+                       "duration_s": 2.0})
+    elif fault == "straggler":
+        faults.append({"kind": "straggler", "target": "main/0", "at_s": 0.7,
+                       "duration_s": 1.5, "slowdown": 3.0})
+    sc = make_scenario(**{
+        "seed": seed,
+        "model": "Llama-3.1-8B",
+        "workload.arrival": {"kind": "poisson", "rate_per_s": rate},
+        "workload.input_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 800},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": max_out},
+        "workload.shared_prefix": {"tokens": prefix, "groups": groups, "fraction": 0.9},
+        "workload.prefix_block_tokens": 256,
+        "workload.num_requests": 40,
+        "cluster.pools": pools,
+        "cluster.router.policy": policy,
+        "faults": faults,
+        "cluster.kv_transfer": {"link": "ethernet-100g"},
+    })
+    fast, slow = both(sc)
+    assert_identical(fast, slow, 0.5)
+
+
+# ----- a write that frees KV wakes the instance ----------------------------------------
+def test_cancelled_reservation_wakes_an_instance_waiting_for_kv() -> None:
+    """A decode instance whose queued recompute waits for KV held by a reservation must
+    resume when the reservation is cancelled (e.g. its hand-off's link died)."""
+    sc = make_scenario(**{"cluster.pools": [
+        {"name": "p", "role": "prefill", "device": "H100-SXM"},
+        {"name": "d", "role": "decode", "device": "H100-SXM",
+         "scheduler": {"memory_utilization": 0.3}}]})
+    plan = Simulation(sc).plan
+    env = simpy.Environment()
+    done: list[Request] = []
+    cluster = Cluster(env, plan.instances, sc.cluster.router,
+                      RouterState(np.random.default_rng(0)), Recorder(), on_finished=done.append)
+    dec = cluster.instances[1]
+    room = dec.kv_capacity_tokens
+    big = Request(0, 0.0, room - 64, 4)  # its reservation takes almost all the KV
+    assert dec.try_reserve(big)
+    small = Request(1, 0.0, 512, 4)  # a recompute queued on the decode side
+    dec.enqueue(small)
+    env.run(until=1.0)
+    assert small.status == "queued"  # no room while the reservation holds the KV
+    dec.cancel_reservation(big)
+    env.run(until=5.0)
+    assert small.status == "completed", small.status

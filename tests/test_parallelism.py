@@ -37,7 +37,9 @@ def pp_run(pp: int, concurrency: int):
         "workload.output_tokens": {"kind": "fixed", "tokens": 64},
         "workload.num_requests": 4 * concurrency,
         "cluster.pools.main.parallelism": {"tp": 4, "pp": pp},
-        "cluster.pools.main.scheduler": {"max_num_seqs": max(1, concurrency // pp)},
+        # vLLM V1: max_num_seqs caps the engine's running requests, shared by the pp
+        # micro-batches in flight (concurrency // pp each).
+        "cluster.pools.main.scheduler": {"max_num_seqs": concurrency},
     })
     sim = Simulation(sc)
     return sim, sim.run()

@@ -21,18 +21,16 @@ def pool_signal(kind: str, instances: list[Instance]) -> float:
     if kind in ("ttft", "tpot"):
         samples: list[float] = []
         for x in instances:
-            bucket = x.signal_ttft if kind == "ttft" else x.signal_tpot
-            samples.extend(bucket)
-            bucket.clear()
+            samples.extend(x.take_signals(kind))
         if not samples:
             return 0.0
         return float(np.percentile(samples, 90)) if kind == "ttft" else float(np.mean(samples))
     if not serving:
         return float("inf")  # nothing serves: any load is too much
     if kind == "queue_length":
-        return float(np.mean([len(x.waiting) for x in serving]))
+        return float(np.mean([x.num_waiting for x in serving]))
     if kind == "running":
-        return float(np.mean([len(x.running) + x.reserved for x in serving]))
+        return float(np.mean([x.num_running + x.reserved for x in serving]))
     if kind == "kv_usage":
         return float(np.mean([x.kv_load for x in serving]))
     raise ValueError(f"unknown scaling signal {kind!r}")
@@ -50,7 +48,7 @@ class Autoscaler:
         self.instances = [x for x in cluster.instances if x.pool == pool]
         self.starting: set[int] = set()
         for x in self.instances:
-            x.collect_signals = True
+            x.collect_signals()
         env.process(self._loop())
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
@@ -79,7 +77,7 @@ class Autoscaler:
                 last_action = env.now
             elif signal < spec.scale_in_below and len(serving) > spec.min_instances:
                 victim = min(serving, key=lambda x: (x.outstanding, -x.index))
-                victim.draining = True
+                victim.drain()
                 self.cluster.recorder.event(env.now, "scale_in",
                                             f"{victim.name} (signal {signal:.4g})")
                 env.process(self._drain(victim))
@@ -88,8 +86,7 @@ class Autoscaler:
     def _start(self, inst: Instance) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(self.cold_start_s)
         self.starting.discard(inst.index)
-        inst.active = True
-        inst.draining = False
+        inst.start_serving()
         self.cluster.recorder.event(self.env.now, "instance_ready", inst.name)
         self.cluster.flush_pending()
 
@@ -97,7 +94,5 @@ class Autoscaler:
         while not inst.idle:
             yield self.env.timeout(min(1.0, self.spec.interval_s))
         if inst.draining:
-            inst.active = False
-            inst.draining = False
-            inst.power(False)
+            inst.switch_off()
             self.cluster.recorder.event(self.env.now, "instance_off", inst.name)

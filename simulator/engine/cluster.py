@@ -44,6 +44,9 @@ class InstanceSpec:
     cold_start_s: float = 0.0
     """Time from a scale-out decision until the instance serves (weights load + start-up)."""
     devices: int = 1
+    max_num_seqs_per: str = "engine"
+    """Whether ``max_num_seqs`` caps the instance (``engine``) or each of its pp micro-batch
+    schedulers (``virtual_engine``)."""
     first_token: str = "decode_recompute"
     """Prefill role: whether the prefill emits the client's first token with the KV
     (``forwarded_after_transfer``) or the decode side recomputes it (``decode_recompute``)."""
@@ -76,11 +79,10 @@ class Cluster:
                 self.env, i, spec.name, spec.pool, spec.role, spec.cost, spec.kv_blocks,
                 spec.block_size, spec.scheduler, self.recorder, self._prefilled,
                 self._complete, self._kv_freed, self.fast_forward, self.prefix_block_tokens,
-                first_token=spec.first_token,
+                first_token=spec.first_token, max_num_seqs_per=spec.max_num_seqs_per,
             )
             if not spec.active:
-                inst.active = False
-                inst.power(False)
+                inst.switch_off()
             self.instances.append(inst)
         if self.transfer.mode == "layerwise":
             for inst in self.instances:
@@ -106,17 +108,31 @@ class Cluster:
     # ----- arrivals ------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         self.recorder.requests.append(req)
+        # Only instances that can ever hold the request may serve it: one that cannot
+        # would keep it at its queue head for good.
+        need = req.prompt_tokens + req.output_tokens
+        sides = [("colocated or prefill", self.entry)]
+        if self.decoders:
+            sides.append(("decode", self.decoders))
+        for side, pool in sides:
+            if not any(x.can_ever_hold(req) for x in pool):
+                req.status = "rejected"
+                most = max(x.kv_capacity_tokens for x in pool)
+                req.reason = (f"prompt+output {need} tokens exceed the KV capacity of every "
+                              f"{side} instance (largest: {most} tokens)")
+                self.on_finished(req)
+                return
         self._route(req)
 
     def _route(self, req: Request) -> None:
         if self.router.dispatch == "central_queue":
-            candidates = [x for x in self.entry if self._has_slot(x)]
+            candidates = [x for x in self.entry if x.has_slot() and x.can_ever_hold(req)]
             if not candidates or self.pending_entry:  # FIFO: nobody overtakes the queue
                 req.status = "queued"
                 self.pending_entry.append(req)
                 return
         else:
-            candidates = [x for x in self.entry if x.accepting]
+            candidates = [x for x in self.entry if x.accepting and x.can_ever_hold(req)]
         if not candidates:  # every entry instance is down or off: wait for one
             req.status = "queued"
             self.pending_entry.append(req)
@@ -124,15 +140,10 @@ class Cluster:
         inst = self._entry_policy(candidates, req, self.router_state, "entry")
         inst.enqueue(req)  # type: ignore[attr-defined]
 
-    @staticmethod
-    def _has_slot(inst: Instance) -> bool:
-        """Central queue: the instance can take one more sequence now."""
-        return inst.accepting and (len(inst.waiting) + len(inst.running) + inst.held
-                                   < inst.max_running)
-
     def _pull(self, inst: Instance) -> None:
         """Central queue: hand waiting requests to ``inst`` while it has free slots."""
-        while self.pending_entry and self._has_slot(inst):
+        while (self.pending_entry and inst.has_slot()
+               and inst.can_ever_hold(self.pending_entry[0])):
             inst.enqueue(self.pending_entry.popleft())
 
     # ----- completions -----------------------------------------------------------------
@@ -185,7 +196,7 @@ class Cluster:
             # The prefill has handed its blocks to src_blocks: the request itself now
             # carries the decode reservation.
             req.blocks = stand_in.blocks
-            dst.reserved_reqs[req.id] = req
+            dst.rebind_reservation(req)
             self.env.process(self._transfer(req, src, dst, streamed=True))
             return
         if not self._place(req, src):
@@ -195,12 +206,13 @@ class Cluster:
         if self.router.decode_policy in _MIN_KEY_POLICIES:
             # A least-something policy picks the same instance among those that fit as
             # among all, whenever its pick fits: try that first, filter only if not.
-            serving = [d for d in self.decoders if d.accepting]
+            serving = [d for d in self.decoders if d.accepting and d.can_ever_hold(req)]
             if serving:
                 pick = self._decode_policy(serving, req, self.router_state, "decode")
                 if pick.can_reserve(req):  # type: ignore[attr-defined]
                     return pick  # type: ignore[return-value]
-        fits = [d for d in self.decoders if d.accepting and d.can_reserve(req)]
+        fits = [d for d in self.decoders
+                if d.accepting and d.can_ever_hold(req) and d.can_reserve(req)]
         if not fits:
             return None
         return self._decode_policy(fits, req, self.router_state, "decode")  # type: ignore[return-value]

@@ -12,16 +12,17 @@ Two refinements keep this fast and faithful:
   ``pp`` batches are in flight (as vLLM's virtual engines do). A batch's exit time follows
   from the stage recurrence ``finish[s] = max(finish[s-1], free[s]) + stage[s]`` — no
   event per stage.
-* **Decode fast-forward** (``pp == 1``): when the batch is decode-only and cannot change
-  until a known step (the first completion, or the first step whose KV growth would not
-  fit), the steps are priced in one vectorised call and the clock jumps to the end. An
-  arrival during the jump cuts it at the end of the step then running; the results are
-  those of step-by-step simulation.
+* **Decode fast-forward** (``pp == 1``, :mod:`simulator.engine.fast_forward`): a
+  decode-only stretch is priced in one vectorised call and the clock jumps to its end.
+
+Everything outside reaches an instance through its public methods and properties, and
+each of them passes the fast-forward gate (``@observes`` for reads, ``@mutates`` for
+writes), so a jump is brought up to date before it is read and cut before it is changed;
+the instance's state itself is private.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -33,14 +34,13 @@ import simpy
 from simulator.cost.batch import BatchShape
 from simulator.cost.step import InstanceCostModel, StepCost
 from simulator.engine.config import SchedulerSpec
+from simulator.engine.fast_forward import Jump, mutates, observes, plan_jump
 from simulator.engine.kv import BlockManager
 from simulator.engine.prefix_cache import PrefixCache
 from simulator.engine.request import Request
 
 if TYPE_CHECKING:
     from simulator.engine.recorder import Recorder
-
-_MIN_JUMP = 3
 
 
 @dataclass(slots=True)
@@ -50,6 +50,9 @@ class Batch:
 
 
 class Instance:
+    """One replica. Public attributes are fixed at construction; all state is private and
+    reached through gated methods (see the module docstring)."""
+
     def __init__(
         self,
         env: simpy.Environment,
@@ -68,6 +71,7 @@ class Instance:
         fast_forward: bool = True,
         prefix_block_tokens: int = 512,
         first_token: str = "decode_recompute",
+        max_num_seqs_per: str = "engine",
     ) -> None:
         self.env = env
         self.index = index
@@ -78,8 +82,8 @@ class Instance:
         cache = None
         if scheduler.prefix_caching and role != "decode":
             cache = PrefixCache(prefix_block_tokens, block_size)
-        self.cache = cache
-        self.kv = BlockManager(kv_blocks, block_size, cache)
+        self._cache = cache
+        self._kv = BlockManager(kv_blocks, block_size, cache)
         self.sched = scheduler
         # A prefill instance under vLLM's decode_recompute emits no client token: the
         # decode side recomputes the last prompt token and emits token 1.
@@ -92,142 +96,249 @@ class Instance:
         self.on_prefill_start: Callable[[Instance, Request], None] | None = None
         self.pp = cost.parallelism.pp
         self.fast_forward = fast_forward and self.pp == 1
-        # With pp micro-batches in flight, each carries up to max_num_seqs sequences.
-        self.max_running = scheduler.max_num_seqs * self.pp
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        # vLLM V1 caps the running requests of the whole engine at max_num_seqs, however
+        # many micro-batches are in flight; V0's pp virtual engines each had the cap.
+        self.max_running = scheduler.max_num_seqs * (
+            self.pp if max_num_seqs_per == "virtual_engine" else 1)
+        self.kv_capacity_tokens = kv_blocks * block_size
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
         # Requests whose KV waits for a transfer out (prefill role) / is reserved for a
         # transfer in (decode role), by request id.
-        self.held_reqs: dict[int, Request] = {}
-        self.reserved_reqs: dict[int, Request] = {}
+        self._held: dict[int, Request] = {}
+        self._reserved: dict[int, Request] = {}
         # Fault and scaling state: a failed instance loses its KV and its work; an
         # inactive one is powered off; a draining one takes no new work.
-        self.alive = True
-        self.active = True
-        self.draining = False
-        self.epoch = 0
-        self.powered_s = 0.0
-        self.powered_since: float | None = 0.0
-        self.collect_signals = False  # an autoscaler reads recent TTFT/TPOT samples
-        self.signal_ttft: list[float] = []
-        self.signal_tpot: list[float] = []
-        self.queued_tokens = 0
-        self.in_flight_batches = 0
-        self.speed_factor = 1.0  # > 1 slows every step (a straggler); set by fault injection
+        self._alive = True
+        self._active = True
+        self._draining = False
+        self._epoch = 0
+        self._powered_s = 0.0
+        self._powered_since: float | None = 0.0
+        self._collect = False  # an autoscaler reads recent TTFT/TPOT samples
+        self._signal_ttft: list[float] = []
+        self._signal_tpot: list[float] = []
+        self._queued_tokens = 0
+        self._in_flight = 0
+        self._speed = 1.0  # > 1 slows every step (a straggler); set by fault injection
         self._wake: simpy.Event | None = None
-        self._jumping = False
-        self._jump_kv: list[Any] | None = None  # see _jump
-        self._jump_ctx: tuple[Any, ...] | None = None
+        self._revive: simpy.Event | None = None
+        self._jump: Jump | None = None
         self._stage_free = [0.0] * self.pp
         self.process = env.process(self._run())
 
-    # ----- load signals the router reads ---------------------------------------------
+    # ----- the fast-forward gate -----------------------------------------------------
+    def _sync(self) -> None:
+        if self._jump is not None:
+            self._jump.sync(self._kv, self.env.now)
+
+    def _cut(self) -> None:
+        jump = self._jump
+        if jump is not None and jump.cut(self.env.now):
+            self.process.interrupt("cut")
+
+    # ----- what the router, the cluster and the autoscaler read ----------------------
     @property
+    @observes
     def held(self) -> int:
-        return len(self.held_reqs)
+        return len(self._held)
 
     @property
+    @observes
     def reserved(self) -> int:
-        return len(self.reserved_reqs)
+        return len(self._reserved)
 
     @property
+    @observes
+    def alive(self) -> bool:
+        return self._alive
+
+    @property
+    @observes
+    def active(self) -> bool:
+        """Powered on and started (autoscaled instances may be off)."""
+        return self._active
+
+    @property
+    @observes
     def accepting(self) -> bool:
         """Takes new work: alive, powered and not draining."""
-        return self.alive and self.active and not self.draining
+        return self._alive and self._active and not self._draining
 
     @property
+    @observes
     def idle(self) -> bool:
-        return not (self.waiting or self.running or self.held_reqs or self.reserved_reqs
-                    or self.in_flight_batches)
+        return not (self._waiting or self._running or self._held or self._reserved
+                    or self._in_flight)
 
     @property
+    @observes
     def outstanding(self) -> int:
-        return len(self.waiting) + len(self.running) + self.reserved
+        return len(self._waiting) + len(self._running) + len(self._reserved)
 
     @property
+    @observes
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    @property
+    @observes
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    @observes
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    @observes
     def kv_load(self) -> float:
-        self._sync_jump_kv()
-        return self.kv.used / self.kv.total if self.kv.total else 1.0
+        kv = self._kv
+        return kv.used / kv.total if kv.total else 1.0
 
-    def _sync_jump_kv(self) -> None:
-        """During a jump, book the KV growth of the steps that have started by now.
+    @observes
+    def has_slot(self) -> bool:
+        """Takes new work and has a free sequence slot now (central-queue dispatch)."""
+        return (self._alive and self._active and not self._draining
+                and len(self._waiting) + len(self._running) + len(self._held)
+                < self.max_running)
 
-        Step-by-step simulation allocates a step's blocks when the step starts; a jump
-        books them lazily, so anyone reading this instance's KV first brings it up to date.
-        """
-        state = self._jump_kv
-        if state is None:
-            return
-        now = self.env.now
-        if now == state[3]:  # already booked at this instant (routers ask many times)
-            return
-        state[3] = now
-        ends, extra, committed = state[0], state[1], state[2]
-        j = min(bisect_right(ends, now), len(extra) - 1)
-        target = extra[j]
-        if target > committed:
-            self.kv.allocate(target - committed)
-            state[2] = target
+    @observes
+    def can_ever_hold(self, req: Request) -> bool:
+        """Whether this instance's whole KV could hold ``req``: its prompt (and tokens
+        generated before a restart) on a prefill instance, prompt + output otherwise."""
+        if self.role == "prefill":
+            return req.prefill_target + 1 <= self.kv_capacity_tokens
+        return req.prompt_tokens + req.output_tokens <= self.kv_capacity_tokens - 1
 
-    # ----- inputs ----------------------------------------------------------------------
+    @observes
+    def can_reserve(self, req: Request) -> bool:
+        if len(self._running) + len(self._reserved) >= self.max_running:
+            return False
+        return self._kv.can_allocate(self._kv.blocks_for(req.context_tokens + 1))
+
+    @observes
+    def prefix_match_tokens(self, req: Request) -> int:
+        """Prompt tokens this instance's prefix cache would spare ``req`` now."""
+        if self._cache is None:
+            return 0
+        return self._cache.match(self._usable_hashes(req)) * self._cache.block_tokens
+
+    @observes
+    def take_signals(self, kind: str) -> list[float]:
+        """The TTFT or TPOT samples since the last call (the autoscaler's signal)."""
+        bucket = self._signal_ttft if kind == "ttft" else self._signal_tpot
+        out = list(bucket)
+        bucket.clear()
+        return out
+
+    @observes
+    def powered_until(self, end: float) -> float:
+        """Seconds this instance was powered from t=0 to ``end``."""
+        extra = end - self._powered_since if self._powered_since is not None else 0.0
+        return self._powered_s + max(0.0, extra)
+
+    # ----- what they change ------------------------------------------------------------
+    @mutates
     def enqueue(self, req: Request) -> None:
         """A new (or re-routed) request waits here for prefill."""
-        self.waiting.append(req)
-        self.queued_tokens += req.prefill_target
-        self.wake()
+        self._waiting.append(req)
+        self._queued_tokens += req.prefill_target
+        self._wake_up()
 
-    def can_reserve(self, req: Request) -> bool:
-        self._sync_jump_kv()
-        if len(self.running) + self.reserved >= self.max_running:
-            return False
-        return self.kv.can_allocate(self.kv.blocks_for(req.context_tokens + 1))
-
+    @mutates
     def try_reserve(self, req: Request) -> bool:
         """Decode role: reserve KV for an incoming request's prompt, if there is room."""
-        if not self.can_reserve(req):
+        if not (len(self._running) + len(self._reserved) < self.max_running
+                and self._kv.can_allocate(self._kv.blocks_for(req.context_tokens + 1))):
             return False
-        need = self.kv.blocks_for(req.context_tokens + 1)
-        self.kv.allocate(need)
+        need = self._kv.blocks_for(req.context_tokens + 1)
+        self._kv.allocate(need)
         req.blocks = need
-        self.reserved_reqs[req.id] = req
-        if self._jumping:  # less KV for the steps ahead: re-plan at the next boundary
-            self._jumping = False
-            self.process.interrupt("cut")
+        self._reserved[req.id] = req
         return True
 
+    @mutates
     def cancel_reservation(self, req: Request) -> None:
         """Decode role: an incoming hand-off will not arrive; free what it reserved."""
-        if self.reserved_reqs.pop(req.id, None) is not None:
-            self.kv.release(req.blocks)
+        if self._reserved.pop(req.id, None) is not None:
+            self._kv.release(req.blocks)
             req.blocks = 0
             self._on_kv_freed(self)
+            self._wake_up()  # the freed KV may let a waiting recompute in
 
+    @mutates
+    def rebind_reservation(self, req: Request) -> None:
+        """Layer-wise hand-off: the reservation booked on a stand-in (same id) while the
+        prefill ran now belongs to ``req`` itself."""
+        self._reserved[req.id] = req
+
+    @mutates
     def admit_transferred(self, req: Request) -> None:
         """Decode role: the request's KV has arrived; it joins the decode batch."""
-        del self.reserved_reqs[req.id]
+        del self._reserved[req.id]
         req.prefilled = req.prefill_target
         req.status = "decode"
         if req.generated and req.first_token_s != req.first_token_s:
             req.first_token_s = self.env.now  # the prefill's token, forwarded with the KV
-        self.running.append(req)
-        self.wake()
+        self._running.append(req)
+        self._wake_up()
 
+    @mutates
     def release_held(self, req: Request) -> None:
         """Prefill role: the request's KV has left; free its blocks."""
         self._free_request_kv(req, req.src_blocks)
         req.src_blocks = 0
-        del self.held_reqs[req.id]
+        del self._held[req.id]
         self._on_kv_freed(self)
-        self.wake()
+        self._wake_up()
 
-    def wake(self) -> None:
-        if not self.alive:
-            return
-        if self._wake is not None and not self._wake.triggered:
+    @mutates
+    def collect_signals(self) -> None:
+        """From now on keep TTFT/TPOT samples for :meth:`take_signals`."""
+        self._collect = True
+
+    @mutates
+    def set_speed(self, factor: float) -> None:
+        """Straggler: every step from the next one takes ``factor`` times longer."""
+        self._speed = factor
+
+    @mutates
+    def power(self, on: bool) -> None:
+        now = self.env.now
+        if on and self._powered_since is None:
+            self._powered_since = now
+        elif not on and self._powered_since is not None:
+            self._powered_s += now - self._powered_since
+            self._powered_since = None
+
+    @mutates
+    def switch_off(self) -> None:
+        """Not serving and not powered (an autoscaled instance off, or drained)."""
+        self._active = False
+        self._draining = False
+        self.power(False)
+
+    @mutates
+    def start_serving(self) -> None:
+        """Powered and started: takes work."""
+        self._active = True
+        self._draining = False
+
+    @mutates
+    def drain(self) -> None:
+        """Take no new work; finish what is here."""
+        self._draining = True
+
+    @property
+    @observes
+    def draining(self) -> bool:
+        return self._draining
+
+    def _wake_up(self) -> None:
+        if self._alive and self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
-        elif self._jumping:
-            self._jumping = False  # one interrupt per jump
-            self.process.interrupt("cut")
 
     # ----- the loop ------------------------------------------------------------------
     def _run(self) -> Generator[simpy.Event, Any, None]:
@@ -238,8 +349,7 @@ class Instance:
                 if exc.cause != "fail":
                     raise
             # Failed: nothing runs until recover() revives the instance.
-            self._jumping = False
-            self._jump_kv = None
+            self._jump = None
             self._wake = None
             self._revive = self.env.event()
             yield self._revive
@@ -247,7 +357,7 @@ class Instance:
     def _serve(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         while True:
-            if self.in_flight_batches >= self.pp:
+            if self._in_flight >= self.pp:
                 # Every pipeline slot holds a micro-batch: wait for one to leave.
                 self._wake = env.event()
                 yield self._wake
@@ -259,10 +369,12 @@ class Instance:
                 yield self._wake
                 self._wake = None
                 continue
-            if self.fast_forward and not batch.chunks:
-                jump = self._plan_jump(batch.decodes)
+            if (self.fast_forward and not batch.chunks and self._speed == 1.0
+                    and len(batch.decodes) == len(self._running)):
+                jump = plan_jump(batch.decodes, self._kv, self.cost, self._pinned_blocks,
+                                 env.now, len(self._waiting), len(self._running))
                 if jump is not None:
-                    yield from self._jump(batch.decodes, *jump)
+                    yield from self._jump_over(jump)
                     continue
             shape = BatchShape.build(
                 ((n, r.prefilled, r.prefilled + n >= r.prefill_target) for r, n in batch.chunks),
@@ -271,9 +383,9 @@ class Instance:
             step = self.cost.step(shape)
             start = env.now
             if self.pp == 1:
-                seconds = step.seconds * self.speed_factor
+                seconds = step.seconds * self._speed
                 yield env.timeout(seconds)
-                self._record(start, seconds, shape, step)
+                self._record(start, seconds, seconds, shape, step)
                 self._finish(batch, start)
                 continue
             yield from self._pipeline(batch, shape, step)
@@ -291,103 +403,70 @@ class Instance:
         for req in batch.decodes:
             req.in_flight = True
         free = self._stage_free
-        t = start + host_s * self.speed_factor
+        t = start + host_s * self._speed
         first_stage_done = t
         for s, seconds in enumerate(stages):
-            t = max(t, free[s]) + seconds * self.speed_factor
+            t = max(t, free[s]) + seconds * self._speed
             free[s] = t
             if s == 0:
                 first_stage_done = t
         exit_s = t
-        self.in_flight_batches += 1
-        epoch = self.epoch
+        # Device time per device: the host work and every stage's compute, spread over
+        # the pp stage groups (each stage's devices run only their own stage).
+        busy_s = step.seconds * self._speed / self.pp
+        self._in_flight += 1
+        epoch = self._epoch
 
         def done(_e: simpy.Event) -> None:
-            if epoch != self.epoch:  # the instance failed while this batch was in flight
+            if epoch != self._epoch:  # the instance failed while this batch was in flight
                 return
-            self.in_flight_batches -= 1
+            self._in_flight -= 1
             for req, _ in batch.chunks:
                 req.in_flight = False
             for req in batch.decodes:
                 req.in_flight = False
-            self._record(start, exit_s - start, shape, step)
+            self._record(start, exit_s - start, busy_s, shape, step)
             self._finish(batch, start)
-            self.wake()
+            self._wake_up()
 
         env.timeout(exit_s - start).callbacks.append(done)
         # The next micro-batch may enter once stage 0 is free (and a slot is, see _serve).
         yield env.timeout(first_stage_done - start)
 
     # ----- decode fast-forward -------------------------------------------------------
-    def _plan_jump(self, decodes: list[Request]) -> tuple[int, np.ndarray, np.ndarray, Any] | None:
-        """Steps this decode-only batch can run unchanged, with their costs and bounds."""
-        if len(decodes) != len(self.running) or self.speed_factor != 1.0:
-            return None
-        remaining = min([r.output_tokens - r.generated for r in decodes])
-        if remaining < _MIN_JUMP:
-            return None
-        n = len(decodes)
-        ctx = np.array([r.prompt_tokens + r.generated for r in decodes], dtype=np.int64)
-        pinned = np.array([self._pinned_blocks(r) for r in decodes], dtype=np.int64)
-        held = np.array([r.blocks for r in decodes], dtype=np.int64) + pinned
-        bs = self.kv.block_size
-        # Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs;
-        # step 0's blocks were allocated when the batch was formed.
-        steps = np.arange(remaining, dtype=np.int64)
-        need = -(-(ctx[None, :] + steps[:, None]) // bs) - held[None, :]
-        extra = np.maximum(need, 0).sum(axis=1)
-        fits = extra <= self.kv.available
-        k = int(remaining if fits[-1] else np.argmin(fits))
-        if k < _MIN_JUMP:
-            return None
-        ctx_sums = int(ctx.sum()) + n * steps[:k]
-        series = self.cost.decode_series(n, ctx_sums)
-        return k, series.seconds, series.bound, (ctx, held, extra[:k], series, pinned)
-
-    def _jump(self, decodes: list[Request], k: int, seconds: np.ndarray,
-              bounds: np.ndarray, kv: Any) -> Generator[simpy.Event, Any, None]:
+    def _jump_over(self, jump: Jump) -> Generator[simpy.Event, Any, None]:
         env = self.env
-        start = env.now
-        ends = np.cumsum(np.concatenate(([start], seconds)))[1:]
-        self._jumping = True
-        # [step ends, cumulative extra blocks per step, blocks booked, last booking time]
-        self._jump_kv = [ends.tolist(), kv[2].tolist(), 0, -1.0]
-        self._jump_ctx = (decodes, start, ends, seconds, bounds, kv)
-        done = k
+        self._jump = jump
+        done = jump.k
         try:
-            yield env.timeout(float(ends[-1]) - start)
+            yield env.timeout(jump.ends[-1] - jump.start)
         except simpy.Interrupt as exc:
             if exc.cause == "fail":
                 raise
-            # Something arrived: finish the step that is running, then re-plan.
-            done = min(int(np.searchsorted(ends, env.now, side="left")) + 1, k)
-            if float(ends[done - 1]) > env.now:
-                yield env.timeout(float(ends[done - 1]) - env.now)
-        finally:
-            self._jumping = False
-            self._jump_ctx = None
-        committed = self._jump_kv[2]
-        self._jump_kv = None
-        self._apply_jump(decodes, done, start, ends, seconds, bounds, kv, committed)
+            # An outside write: finish the step that is running, then schedule again.
+            done = jump.steps_done_at_cut(env.now)
+            if jump.ends[done - 1] > env.now:
+                yield env.timeout(jump.ends[done - 1] - env.now)
+        self._jump = None
+        self._apply_jump(jump, done)
 
-    def _apply_jump(self, decodes: list[Request], done: int, start: float, ends: np.ndarray,
-                    seconds: np.ndarray, bounds: np.ndarray, kv: Any, committed: int) -> None:
-        ctx, held, extra, series, pinned = kv
-        bs = self.kv.block_size
-        starts = np.concatenate(([start], ends[: done - 1]))
+    def _apply_jump(self, jump: Jump, done: int) -> None:
+        """Record the first ``done`` steps of ``jump`` and advance its sequences."""
+        kv = self._kv
+        jump.settle(kv, done)
+        decodes, start, ends = jump.decodes, jump.start, jump.ends
         n = len(decodes)
-        kv_used = self.kv.used - committed + extra[:done]
-        rest = int(extra[done - 1]) - committed
-        if rest >= 0:
-            self.kv.allocate(rest)
-        else:  # a reader booked the step that starts exactly at the cut: give it back
-            self.kv.release(-rest)
-        blocks = (np.maximum(held, -(-(ctx + done - 1) // bs)) - pinned).tolist()
+        starts = np.asarray([start, *ends[: done - 1]])
+        used, queue, running = jump.row_values(done, kv.used, len(self._waiting),
+                                               len(self._running))
+        series = jump.series
         self.recorder.steps_bulk(
-            self.index, starts, seconds[:done], n, int(ctx.sum()) + n * np.arange(done),
-            kv_used, self.kv.total, len(self.waiting), len(self.running), bounds[:done],
+            self.index, starts, jump.seconds[:done], n, int(jump.ctx.sum()) + n * np.arange(done),
+            used, kv.total, queue, running, jump.bounds[:done],
             series.compute_s[:done], series.memory_s[:done],
         )
+        bs = kv.block_size
+        blocks = (np.maximum(jump.held, -(-(jump.ctx + done - 1) // bs)) - jump.pinned).tolist()
         finished = []
         for r, b in zip(decodes, blocks, strict=True):
             r.blocks = b
@@ -395,9 +474,9 @@ class Instance:
                 r.decode_start_s = start
             g = r.generated
             if g == 0 and r.first_token_s != r.first_token_s:
-                r.first_token_s = float(ends[0])
+                r.first_token_s = ends[0]
             if g <= 1 and g + done >= 2 and r.second_token_s != r.second_token_s:
-                r.second_token_s = float(ends[1 - g])
+                r.second_token_s = ends[1 - g]
             r.generated += done
             if r.generated >= r.output_tokens:
                 finished.append(r)
@@ -417,47 +496,47 @@ class Instance:
         Returns False if ``req`` cannot decode this step (it was preempted, or every
         possible victim is in flight in another micro-batch).
         """
-        need = self.kv.blocks_for(req.context_tokens) - req.blocks - self._pinned_blocks(req)
-        while need > 0 and not self.kv.can_allocate(need):
-            victim = next((r for r in reversed(self.running) if not r.in_flight), None)
+        need = self._kv.blocks_for(req.context_tokens) - req.blocks - self._pinned_blocks(req)
+        while need > 0 and not self._kv.can_allocate(need):
+            victim = next((r for r in reversed(self._running) if not r.in_flight), None)
             if victim is None:
                 return False
             self._preempt(victim)
             if victim is req:
                 return False
         if need > 0:
-            self.kv.allocate(need)
+            self._kv.allocate(need)
             req.blocks += need
         return True
 
     def _free_request_kv(self, req: Request, owned: int) -> None:
         """Give back a request's KV; with a prefix cache its full prompt blocks stay cached."""
-        cache = self.cache
+        cache = self._cache
         if cache is None or not req.block_hashes:
-            self.kv.release(owned)
+            self._kv.release(owned)
             return
         pins = req.cache_pins
         full = min(len(req.block_hashes), req.prompt_tokens // cache.block_tokens)
         computed = req.block_hashes[pins:full]
         kept = cache.insert(computed) * cache.blocks_per_entry
         kept = min(kept, owned)
-        self.kv.release(owned - kept)
+        self._kv.release(owned - kept)
         cache.unpin(req.block_hashes[:pins])
         req.cache_pins = 0
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
+        self._running.remove(req)
         self._free_request_kv(req, req.blocks)
         req.reset_for_recompute()
         req.status = "queued"
-        self.waiting.appendleft(req)
-        self.queued_tokens += req.prefill_target
+        self._waiting.appendleft(req)
+        self._queued_tokens += req.prefill_target
         self.recorder.event(self.env.now, "preempt", f"{self.name} request {req.id}")
 
     def _decodes(self, budget: int) -> list[Request]:
         decodes: list[Request] = []
         limit = min(budget, self.sched.max_num_seqs)
-        for req in list(self.running):
+        for req in list(self._running):
             if len(decodes) >= limit:
                 break
             if req.status != "decode" or req.in_flight:
@@ -468,7 +547,7 @@ class Instance:
 
     def _usable_hashes(self, req: Request) -> list[int]:
         """Hash blocks of the prompt a cache hit may cover (at least one token is computed)."""
-        cache = self.cache
+        cache = self._cache
         if cache is None or not req.block_hashes:
             return []
         limit = min(len(req.block_hashes), (req.prompt_tokens - 1) // cache.block_tokens)
@@ -476,30 +555,24 @@ class Instance:
 
     def _pinned_blocks(self, req: Request) -> int:
         """KV blocks of ``req`` that the prefix cache owns (its pinned leading blocks)."""
-        return req.cache_pins * self.cache.blocks_per_entry if self.cache is not None else 0
-
-    def prefix_match_tokens(self, req: Request) -> int:
-        """Prompt tokens this instance's prefix cache would spare ``req`` now."""
-        if self.cache is None:
-            return 0
-        return self.cache.match(self._usable_hashes(req)) * self.cache.block_tokens
+        return req.cache_pins * self._cache.blocks_per_entry if self._cache is not None else 0
 
     def _admit(self, req: Request) -> bool:
         """Move the head of the waiting queue into running if its prompt's KV fits."""
         hit = 0
-        cache = self.cache
+        cache = self._cache
         if cache is not None:
             usable = self._usable_hashes(req)
             hit = cache.match(usable)
             cache.pin(usable[:hit])
-        need = self.kv.blocks_for(req.prefill_target + 1)
+        need = self._kv.blocks_for(req.prefill_target + 1)
         if hit:
             need = max(0, need - hit * cache.blocks_per_entry)  # type: ignore[union-attr]
-        if not self.kv.can_allocate(need):
+        if not self._kv.can_allocate(need):
             if hit:
                 cache.unpin(req.block_hashes[:hit])  # type: ignore[union-attr, index]
             return False
-        self.kv.allocate(need)
+        self._kv.allocate(need)
         req.blocks = need
         if cache is not None:
             req.cache_pins = hit
@@ -511,9 +584,9 @@ class Instance:
                     rest = self.cost.step(BatchShape.prefill(req.prompt_tokens, tokens)).seconds
                     req.prefill_saved_s = full - rest
             req.prefilled = tokens
-        self.waiting.popleft()
-        self.queued_tokens -= req.prefill_target
-        self.running.append(req)
+        self._waiting.popleft()
+        self._queued_tokens -= req.prefill_target
+        self._running.append(req)
         req.status = "prefill"
         if req.prefill_start_s != req.prefill_start_s:  # NaN: first admission
             req.prefill_start_s = self.env.now
@@ -522,7 +595,7 @@ class Instance:
         return True
 
     def _room(self) -> bool:
-        return len(self.running) + self.held < self.max_running
+        return len(self._running) + len(self._held) < self.max_running
 
     def _schedule_mixed(self) -> Batch | None:
         """Decode-first continuous batching with chunked prefill (vLLM V1 default)."""
@@ -531,7 +604,7 @@ class Instance:
         budget -= len(decodes)
         seqs = len(decodes)
         chunks: list[tuple[Request, int]] = []
-        for req in self.running:
+        for req in self._running:
             if budget <= 0 or seqs >= self.sched.max_num_seqs:
                 break
             if req.in_prefill and not req.in_flight:
@@ -539,9 +612,9 @@ class Instance:
                 chunks.append((req, n))
                 budget -= n
                 seqs += 1
-        while (self.waiting and budget > 0 and self._room()
+        while (self._waiting and budget > 0 and self._room()
                and seqs < self.sched.max_num_seqs):
-            req = self.waiting[0]
+            req = self._waiting[0]
             if not self._admit(req):
                 break
             n = min(req.prefill_target - req.prefilled, budget)
@@ -556,8 +629,8 @@ class Instance:
         """Without chunked prefill: whole prompts first, decode steps only when none fit."""
         budget = self.sched.max_num_batched_tokens
         chunks: list[tuple[Request, int]] = []
-        while self.waiting and self._room() and len(chunks) < self.sched.max_num_seqs:
-            req = self.waiting[0]
+        while self._waiting and self._room() and len(chunks) < self.sched.max_num_seqs:
+            req = self._waiting[0]
             if req.prefill_target > budget and chunks:  # a prompt larger than the budget runs alone
                 break
             if not self._admit(req):
@@ -573,16 +646,18 @@ class Instance:
         return Batch([], decodes) if decodes else None
 
     # ----- results of a step -----------------------------------------------------------
-    def _record(self, start: float, seconds: float, shape: BatchShape, step: StepCost) -> None:
+    def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
+                step: StepCost) -> None:
         # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         self.recorder.step(
-            self.index, start, seconds, shape.prefill_tokens, shape.prefill_seqs,
-            shape.decode_seqs, shape.decode_ctx_tokens, self.kv.used, self.kv.total,
-            len(self.waiting), len(self.running), step.bound, step.compute_s / self.pp,
+            self.index, start, seconds, busy_s, shape.prefill_tokens, shape.prefill_seqs,
+            shape.decode_seqs, shape.decode_ctx_tokens, self._kv.used, self._kv.total,
+            len(self._waiting), len(self._running), step.bound, step.compute_s / self.pp,
             step.memory_s / self.pp,
         )
 
-    # ----- faults and scaling ------------------------------------------------------
+    # ----- faults ---------------------------------------------------------------------
+    @mutates
     def fail(self) -> tuple[list[Request], list[Request], list[Request]]:
         """Lose every request's KV and stop; return (to recompute, held, reserved).
 
@@ -590,65 +665,43 @@ class Instance:
         (prefill role) lost the KV they were handing off; ``reserved`` ones (decode role)
         were being sent here and can be sent elsewhere from their prefill instance.
         """
-        if self._jump_ctx is not None and self._jump_kv is not None:
+        jump = self._jump
+        if jump is not None:
             # Book the decode steps of the jump that finished before the failure; the
             # step running at the failure is lost, as it would be step by step.
-            decodes, start, ends, seconds, bounds, kv = self._jump_ctx
-            done = int(np.searchsorted(ends, self.env.now, side="right"))
-            committed = self._jump_kv[2]
-            self._jump_kv = None
-            self._jump_ctx = None
+            self._jump = None
+            done = jump.steps_ended_by(self.env.now)
             if done:
-                self._apply_jump(decodes, done, start, ends, seconds, bounds, kv, committed)
-        self._sync_jump_kv()
-        lost = list(self.waiting) + list(self.running)
-        held = list(self.held_reqs.values())
-        reserved = list(self.reserved_reqs.values())
-        self.waiting.clear()
-        self.running.clear()
-        self.held_reqs.clear()
-        self.reserved_reqs.clear()
-        self.queued_tokens = 0
-        self.in_flight_batches = 0
+                self._apply_jump(jump, done)
+        lost = list(self._waiting) + list(self._running)
+        held = list(self._held.values())
+        reserved = list(self._reserved.values())
+        self._waiting.clear()
+        self._running.clear()
+        self._held.clear()
+        self._reserved.clear()
+        self._queued_tokens = 0
+        self._in_flight = 0
         self._stage_free = [self.env.now] * self.pp
-        self.kv.reset()
+        self._kv.reset()
         for req in lost + held + reserved:
             req.in_flight = False
             req.blocks = 0
             req.src_blocks = 0
             req.cache_pins = 0
-        self.alive = False
-        self.epoch += 1
+        self._alive = False
+        self._epoch += 1
         if self.process.is_alive:
             self.process.interrupt("fail")
         return lost, held, reserved
 
+    @mutates
     def recover(self) -> None:
-        self.alive = True
-        self.speed_factor = 1.0
-        revive = getattr(self, "_revive", None)
+        self._alive = True
+        self._speed = 1.0
+        revive = self._revive
         if revive is not None and not revive.triggered:
             revive.succeed()
-
-    def set_speed(self, factor: float) -> None:
-        """Straggler: every step from the next one takes ``factor`` times longer."""
-        self.speed_factor = factor
-        if self._jumping:
-            self._jumping = False
-            self.process.interrupt("cut")
-
-    def power(self, on: bool) -> None:
-        now = self.env.now
-        if on and self.powered_since is None:
-            self.powered_since = now
-        elif not on and self.powered_since is not None:
-            self.powered_s += now - self.powered_since
-            self.powered_since = None
-
-    def powered_until(self, end: float) -> float:
-        """Seconds this instance was powered from t=0 to ``end``."""
-        extra = end - self.powered_since if self.powered_since is not None else 0.0
-        return self.powered_s + max(0.0, extra)
 
     def _finish(self, batch: Batch, start: float) -> None:
         now = self.env.now
@@ -673,8 +726,8 @@ class Instance:
             if req.prefill_end_s != req.prefill_end_s:  # NaN: the very first prefill
                 req.prefill_end_s = now
                 req.prefill_instance = self.index
-                if self.collect_signals:
-                    self.signal_ttft.append(now - req.arrival_s)
+                if self._collect:
+                    self._signal_ttft.append(now - req.arrival_s)
             if self.emits_first_token:
                 req.generated += 1
                 # A colocated instance streams the token now; a prefill instance's token
@@ -686,8 +739,8 @@ class Instance:
             if req.done:
                 self._complete(req)
             elif self.role == "prefill":
-                self.running.remove(req)
-                self.held_reqs[req.id] = req
+                self._running.remove(req)
+                self._held[req.id] = req
                 req.src_blocks, req.blocks = req.blocks, 0
                 req.status = "transfer"
                 self._on_prefilled(self, req)
@@ -697,9 +750,9 @@ class Instance:
                     req.decode_instance = self.index
 
     def _complete(self, req: Request) -> None:
-        if self.collect_signals and req.generated > 1:
-            self.signal_tpot.append((self.env.now - req.first_token_s) / (req.generated - 1))
-        self.running.remove(req)
+        if self._collect and req.generated > 1:
+            self._signal_tpot.append((self.env.now - req.first_token_s) / (req.generated - 1))
+        self._running.remove(req)
         self._free_request_kv(req, req.blocks)
         req.blocks = 0
         req.completion_s = self.env.now

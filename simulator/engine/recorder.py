@@ -16,6 +16,7 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("instance", "i"),
     ("start_s", "d"),
     ("duration_s", "d"),
+    ("busy_s", "d"),
     ("prefill_tokens", "i"),
     ("prefill_seqs", "i"),
     ("decode_seqs", "i"),
@@ -53,7 +54,8 @@ class Recorder:
         self.requests: list[Request] = []
         self.events: list[tuple[float, str, str]] = []
 
-    def step(self, instance: int, start_s: float, duration_s: float, prefill_tokens: int,
+    def step(self, instance: int, start_s: float, duration_s: float, busy_s: float,
+             prefill_tokens: int,
              prefill_seqs: int, decode_seqs: int, decode_ctx_tokens: int, kv_used: int,
              kv_total: int, queue_len: int, running: int, bound: str, compute_s: float,
              memory_s: float) -> None:
@@ -61,6 +63,7 @@ class Recorder:
         s["instance"].append(instance)
         s["start_s"].append(start_s)
         s["duration_s"].append(duration_s)
+        s["busy_s"].append(busy_s)
         s["prefill_tokens"].append(prefill_tokens)
         s["prefill_seqs"].append(prefill_seqs)
         s["decode_seqs"].append(decode_seqs)
@@ -75,7 +78,7 @@ class Recorder:
 
     def steps_bulk(self, instance: int, starts: np.ndarray, durations: np.ndarray,
                    decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
-                   kv_total: int, queue_len: int, running: int, bounds: np.ndarray,
+                   kv_total: int, queue_len: np.ndarray, running: np.ndarray, bounds: np.ndarray,
                    compute_s: np.ndarray, memory_s: np.ndarray) -> None:
         """Rows of ``len(starts)`` consecutive decode-only steps (a fast-forward jump)."""
         n = len(starts)
@@ -83,14 +86,15 @@ class Recorder:
         s["instance"].extend([instance] * n)
         s["start_s"].extend(starts.tolist())
         s["duration_s"].extend(durations.tolist())
+        s["busy_s"].extend(durations.tolist())  # one stage: the device is busy all step
         s["prefill_tokens"].extend([0] * n)
         s["prefill_seqs"].extend([0] * n)
         s["decode_seqs"].extend([decode_seqs] * n)
         s["decode_ctx_tokens"].extend(np.asarray(decode_ctx, dtype=np.int64).tolist())
-        s["kv_used_blocks"].extend(kv_used.tolist())
+        s["kv_used_blocks"].extend(np.asarray(kv_used, dtype=np.int64).tolist())
         s["kv_total_blocks"].extend([kv_total] * n)
-        s["queue_len"].extend([queue_len] * n)
-        s["running"].extend([running] * n)
+        s["queue_len"].extend(np.asarray(queue_len, dtype=np.int64).tolist())
+        s["running"].extend(np.asarray(running, dtype=np.int64).tolist())
         s["bound"].extend(np.asarray(bounds, dtype=np.int8).tolist())
         s["compute_s"].extend(np.asarray(compute_s, dtype=float).tolist())
         s["memory_s"].extend(np.asarray(memory_s, dtype=float).tolist())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -19,7 +20,10 @@ class Routable(Protocol):
     @property
     def kv_load(self) -> float: ...
 
-    queued_tokens: int
+    @property
+    def queued_tokens(self) -> int: ...
+
+    def prefix_match_tokens(self, req: Request) -> int: ...
 
 
 class RouterState:
@@ -72,7 +76,7 @@ def prefix_affinity(candidates: Sequence[Routable], req: Request, _s: RouterStat
     the tokens the hit would save, so cache affinity is balanced against load.
     """
     def work(c: Routable) -> tuple[int, int, int]:
-        hit = c.prefix_match_tokens(req)  # type: ignore[attr-defined]
+        hit = c.prefix_match_tokens(req)
         return (c.queued_tokens + req.prompt_tokens - hit, c.outstanding, c.index)
 
     return min(candidates, key=work)
@@ -83,22 +87,13 @@ def random_choice(candidates: Sequence[Routable], _req: Request, state: RouterSt
     return candidates[int(state.rng.integers(len(candidates)))]
 
 
-POLICIES: dict[str, Policy] = {}
-
-
-def register(name: str, policy: Policy) -> None:
-    if name in POLICIES:
-        raise ValueError(f"routing policy {name!r} is already registered")
-    POLICIES[name] = policy
-
-
-for _name, _policy in (
-    ("round_robin", round_robin),
-    ("least_outstanding", least_outstanding),
-    ("least_tokens", least_tokens),
-    ("least_kv", least_kv),
-    ("power_of_two", power_of_two),
-    ("random", random_choice),
-    ("prefix_affinity", prefix_affinity),
-):
-    register(_name, _policy)
+POLICIES: Mapping[str, Policy] = MappingProxyType({
+    "round_robin": round_robin,
+    "least_outstanding": least_outstanding,
+    "least_tokens": least_tokens,
+    "least_kv": least_kv,
+    "power_of_two": power_of_two,
+    "random": random_choice,
+    "prefix_affinity": prefix_affinity,
+})
+"""The routing policies by name, read-only: per-run state lives in :class:`RouterState`."""

@@ -109,6 +109,11 @@ class ServingEngineProfile(BaseModel):
             "take n decode steps there; `forwarded_after_transfer`: the prefill instance's "
             "token travels with the KV and reaches the client when the hand-off completes, "
             "and the decode instance produces tokens 2..n."))
+    max_num_seqs_per: Literal["engine", "virtual_engine"] = Field("engine", description=(
+        "What `max_num_seqs` caps under pipeline parallelism. `engine` (vLLM V1): the "
+        "running requests of the whole instance, shared by the micro-batches in flight; "
+        "`virtual_engine` (vLLM V0): each of the pp virtual engines has its own scheduler, "
+        "so up to max_num_seqs x pp run."))
     notes: str | None = Field(None, description="Caveats and assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
 

@@ -69,9 +69,10 @@ def device_power_w(device: DeviceProfile, utilisation: float) -> float:
     """Mean draw of one device busy ``utilisation`` of the time; NaN without power figures."""
     if device.power is None or not math.isfinite(utilisation):
         return NAN
+    if not 0.0 <= utilisation <= 1.0 + 1e-9:
+        raise ValueError(f"utilisation {utilisation:.6g} of {device.name} is outside [0, 1]")
     idle = device.power.idle_w or 0.0
-    u = min(max(utilisation, 0.0), 1.0)
-    return idle + (device.power.tdp_w - idle) * u
+    return idle + (device.power.tdp_w - idle) * min(utilisation, 1.0)
 
 
 def _per_million(usd_per_hour: float, tokens_per_s: float) -> float:

@@ -3,7 +3,8 @@
 Computed after the run from the steps and requests frames (exact, and free while the
 simulation runs). For each interval and instance:
 
-- ``busy`` = share of the interval spent in steps;
+- ``busy`` = device time per device in the interval ÷ interval (a step's ``busy_s`` spread
+  evenly over its duration; on one stage that is the share of the interval spent in steps);
 - ``compute_util`` / ``memory_util`` = compute / memory-bound seconds of its steps in the
   interval ÷ interval (per device; a step's seconds are spread evenly over its duration);
 - ``queue_len``, ``running``, ``kv_used_blocks`` = the last value recorded by a step that
@@ -84,12 +85,16 @@ def instance_timeseries(steps: pd.DataFrame, interval_s: float,
         with np.errstate(invalid="ignore", divide="ignore"):
             comp_share = np.where(dur > 0, s["compute_s"].to_numpy(float) / dur, 0.0)
             mem_share = np.where(dur > 0, s["memory_s"].to_numpy(float) / dur, 0.0)
-        busy = busy_per_bin(t0, t1, edges) / interval_s
+        # Device time per device (busy_s), spread evenly over each step: pipeline
+        # micro-batches overlap in time but share the stages' devices.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            busy_share = np.where(dur > 0, s["busy_s"].to_numpy(float) / dur, 0.0)
+        busy = busy_per_bin(t0, t1, edges, busy_share) / interval_s
         frame = pd.DataFrame({
             "time_s": edges[:-1],
             "pool": s["pool"].iloc[0],
             "instance_name": name,
-            "busy": np.minimum(busy, float(max(1, s["duration_s"].count()))),
+            "busy": busy,
             "compute_util": busy_per_bin(t0, t1, edges, comp_share) / interval_s,
             "memory_util": busy_per_bin(t0, t1, edges, mem_share) / interval_s,
             "queue_len": last_in_bin(t1, s["queue_len"].to_numpy(float), edges),

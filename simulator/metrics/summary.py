@@ -183,13 +183,19 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
         summary["prefix_hit_rate"] = cached / prompt if prompt else 0.0
         summary["prefill_tokens_saved"] = int(cached)
         summary["prefill_seconds_saved"] = float(started["prefill_saved_s"].sum())
-    # Utilisation: share of the run each pool's instances spent in steps.
+    # Utilisation: device time per device over the run (busy_s is a step's device time
+    # per device: its duration on one stage, duration / pp summed over a pipeline's
+    # micro-batches, so overlapping micro-batches never count twice).
+    # The span runs to the last step's end when work went on after the last completion
+    # (requests that failed or were still in flight), so the share stays <= 1.
     if len(steps) and not math.isnan(duration):
-        busy = steps.groupby("pool", observed=True)["duration_s"].sum()
+        last_step = float((steps["start_s"] + steps["duration_s"]).max())
+        span = max(duration, last_step - float(reqs["arrival_s"].min()))
+        busy = steps.groupby("pool", observed=True)["busy_s"].sum()
         inst = steps.groupby("pool", observed=True)["instance"].nunique()
         for pool, seconds in busy.items():
             n = (pool_devices or {}).get(f"{pool}:instances", int(inst.get(pool, 1)))
-            summary[f"util_{pool}"] = float(seconds / (duration * max(n, 1)))
+            summary[f"util_{pool}"] = float(seconds / (span * max(n, 1)))
     if pool_devices:
         summary["devices"] = int(sum(v for k, v in pool_devices.items() if k.endswith(":devices")))
         if summary["devices"] and len(done):

@@ -380,6 +380,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 kv_blocks=mem.kv_capacity_blocks, block_size=r.block, scheduler=pool.scheduler,
                 kv_bytes_per_token=kv_bytes_token, active=j < pool.instances,
                 cold_start_s=cold_start, devices=par.devices, first_token=engine.first_token,
+                max_num_seqs_per=engine.max_num_seqs_per,
             ))
         pools.append(PoolPlan(pool, dev, par, mem, pool_places, costs))
 

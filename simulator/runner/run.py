@@ -60,17 +60,16 @@ class Simulation:
         cluster = Cluster(env, plan.instances, sc.cluster.router, RouterState(rngs["routing"]),
                           recorder, transfer, fast_forward=sc.simulation.fast_forward,
                           prefix_block_tokens=sc.workload.prefix_block_tokens)
-        capacity = _admissible_tokens(cluster)
         context = plan.model.max_context_tokens
 
         def submit(req: Request) -> None:
+            # The model's context limit is checked here; what the instances' KV can hold,
+            # by the cluster (Cluster.submit).
             total = req.prompt_tokens + req.output_tokens
-            if total > context or total > capacity:
+            if total > context:
                 req.status = "rejected"
                 req.reason = (f"prompt+output {total} tokens exceed the model's maximum "
-                              f"context ({context}); {VLLM_CONTEXT_RULE}" if total > context
-                              else f"prompt+output {total} tokens exceed the KV capacity of "
-                              f"one instance ({capacity})")
+                              f"context ({context}); {VLLM_CONTEXT_RULE}")
                 recorder.requests.append(req)
                 workload.on_finished(req)
                 return
@@ -140,12 +139,6 @@ class Simulation:
         sim_events = next(env._eid)
         return RunResult(with_resolved_precision(sc, plan.model), requests, steps, transfers,
                          summary, events, wall, sim_events)
-
-
-def _admissible_tokens(cluster: Cluster) -> int:
-    """Longest request (prompt + output) some instance on its path can ever hold."""
-    decode_side = cluster.decoders or cluster.entry
-    return max(d.kv.total * d.kv.block_size for d in decode_side) - 1
 
 
 def run(scenario: Scenario | str | Path, *, seed: int | None = None,
