@@ -170,9 +170,9 @@ def _check_path(data: dict[str, Any], path: str, key: str) -> None:
         if isinstance(node, dict):
             if segment not in node:
                 close = difflib.get_close_matches(segment, [str(k) for k in node], n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"unknown path {path!r}: {where} has no key {segment!r}; "
-                                  f"{hint}keys there: {', '.join(node)}", key=key)
+                                  f"keys there: {', '.join(node)}{hint}", key=key)
             node = node[segment]
         elif isinstance(node, list):
             try:
