@@ -51,7 +51,12 @@ from simulator.errors import (
     SimulationError,
     SimulatorError,
 )
-from simulator.runner.executors import default_workers, make_executor, sigterm_interrupts
+from simulator.runner.executors import (
+    check_executor,
+    default_workers,
+    make_executor,
+    sigterm_interrupts,
+)
 from simulator.runner.goodput import GoodputSpec
 from simulator.runner.labels import axis_cells, unwrap
 from simulator.runner.store import (
@@ -361,6 +366,7 @@ def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "lo
     """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
+    check_executor(executor, workers, scheduler)
     writable_folder(Path(out))
     with SweepLock(Path(out)), sigterm_interrupts():
         return _run_locked(sweep, out, executor, workers, scheduler, retry_failed, progress)
