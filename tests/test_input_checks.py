@@ -314,3 +314,21 @@ def test_sweep_and_plan_out_at_unwritable_places(tmp_path: Path, command: str, w
     assert "--out" in err
     assert "internal error" not in err
     assert (tmp_path / "a-file").read_text() == "keep"
+
+
+@pytest.mark.parametrize("extra", [["--workers", "0"], ["--workers", "-1"],
+                                   ["--workers", "1000000000"], ["--executor", "bogus"],
+                                   ["--scheduler", "tcp://nowhere:1"]])
+def test_sweep_options_are_checked_even_when_all_runs_are_done(
+        tmp_path: Path, extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """With every run already saved these options used to be accepted unread."""
+    spec = {"base": SMALL, "grid": {"workload.arrival.rate_per_s": [1, 2]}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    argv = ["sweep", str(path), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert _run([*argv, "--workers", "1"]) == EXIT_OK
+    capsys.readouterr()
+    code = _run([*argv, *extra])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT, err
+    assert extra[0] in err

@@ -19,8 +19,10 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         try:
             out[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML") from None
+        except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
+            shown = raw if len(raw) <= 40 else f"{raw[:37]}... ({len(raw)} characters)"
+            raise ConfigError(f"--set {key}: value {shown!r} is not valid YAML (or a number "
+                              "of more than 4,300 digits)") from None
     return out
 
 

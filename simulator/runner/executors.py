@@ -203,17 +203,23 @@ MAX_WORKERS = 1024
 """Most worker processes one sweep may start (each holds a Python interpreter)."""
 
 
+def check_executor(kind: str = "local", workers: int | None = None,
+                   scheduler: str | None = None) -> None:
+    """Refuse bad executor options up front (even when every run is already done)."""
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"workers must be 1..{MAX_WORKERS}, got {workers}", key="--workers")
+    if kind not in ("local", "dask"):
+        raise ConfigError(f"unknown executor {kind!r}; allowed: local, dask", key="--executor")
+    if scheduler and kind != "dask":
+        raise ConfigError("--scheduler is for the dask executor; add --executor dask",
+                          key="--scheduler")
+
+
 def make_executor(kind: str = "local", workers: int | None = None,
                   scheduler: str | None = None) -> Executor:
     """The executor named ``kind``; ``local`` with one worker runs inline."""
-    if workers is not None and not 1 <= workers <= MAX_WORKERS:
-        raise ConfigError(f"workers must be 1..{MAX_WORKERS}, got {workers}", key="--workers")
+    check_executor(kind, workers, scheduler)
     n = workers or default_workers()
     if kind == "dask":
         return DaskExecutor(n, scheduler)
-    if kind != "local":
-        raise ConfigError(f"unknown executor {kind!r}; allowed: local, dask", key="--executor")
-    if scheduler:
-        raise ConfigError("--scheduler is for the dask executor; add --executor dask",
-                          key="--scheduler")
     return InlineExecutor() if n == 1 else LocalExecutor(n)

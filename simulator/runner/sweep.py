@@ -51,7 +51,12 @@ from simulator.errors import (
     SimulationError,
     SimulatorError,
 )
-from simulator.runner.executors import default_workers, make_executor, sigterm_interrupts
+from simulator.runner.executors import (
+    check_executor,
+    default_workers,
+    make_executor,
+    sigterm_interrupts,
+)
 from simulator.runner.goodput import GoodputSpec
 from simulator.runner.labels import axis_cells, unwrap
 from simulator.runner.store import (
@@ -170,9 +175,9 @@ def _check_path(data: dict[str, Any], path: str, key: str) -> None:
         if isinstance(node, dict):
             if segment not in node:
                 close = difflib.get_close_matches(segment, [str(k) for k in node], n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"unknown path {path!r}: {where} has no key {segment!r}; "
-                                  f"{hint}keys there: {', '.join(node)}", key=key)
+                                  f"keys there: {', '.join(node)}{hint}", key=key)
             node = node[segment]
         elif isinstance(node, list):
             try:
@@ -361,6 +366,7 @@ def run_sweep(sweep: Sweep | str | Path, out: str | Path, *, executor: str = "lo
     """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
+    check_executor(executor, workers, scheduler)
     writable_folder(Path(out))
     with SweepLock(Path(out)), sigterm_interrupts():
         return _run_locked(sweep, out, executor, workers, scheduler, retry_failed, progress)
