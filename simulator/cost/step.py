@@ -2,7 +2,8 @@
 
 Built once per instance: every per-layer operator is reduced to coefficients (FLOPs and
 bytes per token, fixed weight bytes), so pricing a step is a few dozen float operations.
-The equations are in docs/cost_model.md.
+The model behind it is described in docs/concepts.md (the parallelism axes) and
+docs/hardware.md (efficiency factors and per-operator fits).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class ClosedLoop(Spec):
         "Requests sent first at the same concurrency and left out of the results, as "
         "`vllm bench serve --num-warmups` and aiperf `--warmup-request-count` do; the "
         "measured requests start when the last warm-up has ended (aiperf waits for every "
-        "warm-up response before profiling, ai-dynamo/aiperf docs/tutorials/warmup.md)."))
+        "warm-up response before profiling, ai-dynamo/aiperf:docs/tutorials/warmup.md)."))
 
 
 class AllAtOnce(Spec):
