@@ -21,6 +21,8 @@ class MemoryPlan:
     kv_bytes_per_token: float
     """KV bytes one token takes on the most loaded device."""
     kv_capacity_tokens: int
+    """KV tokens the instance holds: one device's pool, times ``dp`` with data-parallel
+    attention (each attention rank keeps its own requests' KV, unreplicated)."""
     block_size: int
 
     @property
@@ -32,8 +34,15 @@ class MemoryPlan:
         return self.usable_bytes - self.weight_bytes - self.activation_bytes
 
 
-def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str) -> list[float]:
-    """Weight bytes on one device of each pipeline stage."""
+def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str,
+                       redundant_experts: int = 0) -> list[float]:
+    """Weight bytes on one device of each pipeline stage.
+
+    With data-parallel attention (``par.dp > 1``) attention, dense FFNs, shared experts
+    and the embeddings are replicated on every attention rank (split only over its
+    ``tp``), while each EP rank holds ``(experts + redundant_experts) / ep`` routed experts
+    (SGLang ``--enable-dp-attention --moe-dense-tp-size 1 --ep-num-redundant-experts``).
+    """
     wb = bytes_per_element(weights)
     layers = split_layers(model.num_layers, par.pp, par.balanced_stages)
     moe = stage_moe_layers(model, layers)
@@ -54,7 +63,11 @@ def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str) -> li
             total, _ = model.moe_layer_params()
             expert = model.ffn_params(model.moe_intermediate_size)
             routed = model.num_experts * expert
-            params += n_moe * (routed / par.tp + (total - routed) / par.tp)
+            if par.dp > 1:
+                slots = (model.num_experts + redundant_experts) * expert / par.ep
+                params += n_moe * (slots + (total - routed) / par.tp)
+            else:
+                params += n_moe * (routed / par.tp + (total - routed) / par.tp)
         embed = model.vocab_size * model.hidden_size / par.tp
         if par.balanced_stages:  # the compiler spreads embedding and LM head like the rest
             params += embed * (1 if model.tie_word_embeddings else 2) / par.pp
@@ -74,9 +87,14 @@ def activation_reserve_bytes(
     """Peak transient memory of a step plus the runtime's fixed reserve.
 
     The largest live intermediates are the FFN input/outputs of the biggest step
-    (``max_batched_tokens`` tokens) and the fp32 logits of ``max_seqs`` sequences.
+    (``max_batched_tokens`` tokens) and the fp32 logits of ``max_seqs`` sequences. Both
+    limits are the instance's; with data-parallel attention each rank gets a ``1/dp``
+    share (SGLang divides ``--chunked-prefill-size`` and ``--max-running-requests`` by the
+    DP size in ``server_args.py``).
     """
     ab = bytes_per_element(activations)
+    max_batched_tokens = -(-max_batched_tokens // par.dp)
+    max_seqs = -(-max_seqs // par.dp)
     width = max(model.intermediate_size, model.moe_intermediate_size * model.num_experts_per_token)
     per_token = (4 * model.hidden_size + 3 * width / par.tp + model.q_width / par.tp) * ab
     logits = max_seqs * model.vocab_size / par.tp * 4
@@ -95,23 +113,26 @@ def plan_memory(
     max_seqs: int,
     runtime_reserve_gib: float,
     kv_elements_per_token_per_layer_device: float,
+    redundant_experts: int = 0,
+    comm_buffer_bytes: float = 0.0,
 ) -> MemoryPlan:
     """Weights, reserve and KV capacity; the KV capacity may be zero or negative.
 
     Callers decide what "does not fit" means (no room for weights, or no room for one
     prompt's KV) and word the error; see :func:`simulator.engine.build`.
+    ``comm_buffer_bytes`` (DeepEP's dispatch/combine buffers) is reserved on every device.
     """
     capacity = device.memory_bytes
     usable = capacity * memory_utilization
-    weights = max(stage_weight_bytes(model, par, precisions.weights))
+    weights = max(stage_weight_bytes(model, par, precisions.weights, redundant_experts))
     reserve = activation_reserve_bytes(
         model, par, precisions.activations, max_batched_tokens, max_seqs, runtime_reserve_gib
-    )
+    ) + comm_buffer_bytes
     layers_max = max(split_layers(model.num_layers, par.pp, par.balanced_stages))
     kv_per_token = (
         layers_max * kv_elements_per_token_per_layer_device * bytes_per_element(precisions.kv_cache)
     )
     free = usable - weights - reserve
     tokens = int(free // kv_per_token) if free > 0 else 0
-    tokens = (tokens // block_size) * block_size
+    tokens = (tokens // block_size) * block_size * par.dp
     return MemoryPlan(capacity, usable, weights, reserve, kv_per_token, tokens, block_size)

@@ -9,7 +9,13 @@ from simulator.models.arch import ModelConfig
 
 @dataclass(frozen=True, slots=True)
 class Parallelism:
-    """TP x PP devices; EP splits each MoE layer's experts over ``ep`` of the TP ranks."""
+    """TP x PP devices; EP splits each MoE layer's experts over ``ep`` of the TP ranks.
+
+    With ``dp > 1`` the instance runs data-parallel attention (SGLang
+    ``--enable-dp-attention``, vLLM ``--data-parallel-size`` with ``--enable-expert-parallel``):
+    ``dp`` attention ranks of ``tp`` devices each hold their own requests and KV, and the
+    MoE layers span all ``dp x tp`` devices with expert parallelism (``ep = dp x tp``).
+    """
 
     tp: int = 1
     pp: int = 1
@@ -17,22 +23,35 @@ class Parallelism:
     balanced_stages: bool = False
     """Stages get an equal, possibly fractional, share of the layers (a compiler that
     splits layers across chips, as on the LPU) instead of whole layers each (vLLM PP)."""
+    dp: int = 1
+    """Data-parallel attention ranks inside the instance (1 = TP attention)."""
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "ep"):
+        for name in ("tp", "pp", "ep", "dp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.tp % self.ep:
+        if self.dp > 1:
+            if self.pp > 1:
+                raise ValueError("data-parallel attention is modelled with pp = 1 only")
+            if self.ep != self.dp * self.tp:
+                raise ValueError(f"data-parallel attention needs ep = dp x tp "
+                                 f"({self.dp} x {self.tp} = {self.dp * self.tp}), got ep={self.ep}")
+        elif self.tp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp})")
 
     @property
+    def attention(self) -> str:
+        """``"dp"`` (data-parallel attention) or ``"tp"``."""
+        return "dp" if self.dp > 1 else "tp"
+
+    @property
     def devices(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.dp
 
     @property
     def expert_tp(self) -> int:
-        """Ranks that split one expert's FFN (the rest of TP is used for EP)."""
-        return self.tp // self.ep
+        """Ranks that split one expert's FFN (the rest of the group is used for EP)."""
+        return self.tp * self.dp // self.ep
 
 
 @dataclass(frozen=True, slots=True)

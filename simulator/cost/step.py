@@ -21,7 +21,14 @@ from simulator.cost.collectives import (
     moe_token_exchange_time,
     p2p_time,
 )
+from simulator.cost.dp_attention import (
+    extend_tokens,
+    rank_batch,
+    series_by_steps,
+    two_batch_overlap_step,
+)
 from simulator.cost.host import HostModel
+from simulator.cost.moe_comm import DeepEPMode, EPGroup, deepep_kernel, moe_exchange_seconds
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import op_time
 from simulator.hardware.profiles import DeviceProfile, OperatorFit
@@ -51,14 +58,27 @@ class InstanceCostModel:
     measured all-reduce (``cost.predictor: fitted``); else the device-wide factors."""
     host: HostModel | None = None
     """The engine's host costs (cost/host.py); None = the two overheads above, no overlap."""
+    ep_group: EPGroup | None = None
+    """Where the EP ranks sit, for DeepEP dispatch/combine (data-parallel attention)."""
+    deepep_mode: DeepEPMode = "auto"
+    """DeepEP kernels: ``auto`` (normal for prefill, low-latency for decode), or one."""
+    two_batch_overlap: bool = False
+    """Hide one micro-batch's all-to-all behind the other's compute (cost/dp_attention.py)."""
+    redundant_experts: int = 0
+    """Extra expert replicas spread over the EP ranks (EPLB)."""
 
     def __post_init__(self) -> None:
         m, par = self.model, self.parallelism
         if par.pp > m.num_layers and not par.balanced_stages:
             raise ValueError(f"pp ({par.pp}) cannot exceed the model's {m.num_layers} layers "
                              "(whole-layer stages)")
-        if m.is_moe and m.num_experts % par.ep:
-            raise ValueError(f"ep ({par.ep}) must divide the {m.num_experts} experts")
+        slots = m.num_experts + self.redundant_experts
+        if m.is_moe and slots % par.ep:
+            raise ValueError(f"ep ({par.ep}) must divide the {m.num_experts} experts"
+                             + (f" + {self.redundant_experts} redundant"
+                                if self.redundant_experts else ""))
+        if par.dp > 1 and m.is_moe and self.ep_group is None:
+            raise ValueError("data-parallel attention needs the EP group's links (ep_group)")
         if par.tp > 1 and self.links.tp is None:
             raise ValueError("tp > 1 needs a TP link")
         self._wb = bytes_per_element(self.precisions.weights)
@@ -140,6 +160,11 @@ class InstanceCostModel:
 
     # ----- the step ------------------------------------------------------------------
     def step(self, batch: BatchShape) -> StepCost:
+        batch = rank_batch(batch, self.parallelism.dp)
+        if self.two_batch_overlap:
+            overlapped = two_batch_overlap_step(self, batch, sum(self._stage_moe))
+            if overlapped is not None:
+                return overlapped
         return self._step(batch, decode_attention=True)
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
@@ -149,6 +174,7 @@ class InstanceCostModel:
         overhead is listed as ``host``.
         """
         ops: dict[str, float] = {}
+        batch = rank_batch(batch, self.parallelism.dp)
         self._step(batch, decode_attention=True, ops=ops)
         hm = self.host
         assert hm is not None
@@ -167,6 +193,8 @@ class InstanceCostModel:
         """
         if self.parallelism.pp != 1:
             raise ValueError("decode_series prices single-stage instances only")
+        if self.parallelism.dp > 1 or self.two_batch_overlap:  # ranks' shares: step by step
+            return series_by_steps(self, seqs, ctx_sums)
         host = self.host
         assert host is not None
         base = self._decode_base.get(seqs)
@@ -382,10 +410,12 @@ class InstanceCostModel:
         m, par = self.model, self.parallelism
         h, tokens = m.hidden_size, b.tokens
         expert_params = m.ffn_params(m.moe_intermediate_size) / par.expert_tp
-        experts_here = m.num_experts / par.ep
-        routed = tokens * m.num_experts_per_token
+        experts_here = (m.num_experts + self.redundant_experts) / par.ep
+        # With DP attention ``tokens`` is one rank's; the EP group routes all ranks' tokens.
+        group_tokens = tokens * par.dp
+        routed = group_tokens * m.num_experts_per_token
         # Expected experts hit by at least one token, on the busiest device.
-        p_hit = 1.0 - (1.0 - m.num_experts_per_token / m.num_experts) ** tokens
+        p_hit = 1.0 - (1.0 - m.num_experts_per_token / m.num_experts) ** group_tokens
         touched = experts_here * p_hit
         tokens_here = routed / par.ep * self.moe_imbalance
         width = m.moe_intermediate_size / par.expert_tp
@@ -397,8 +427,13 @@ class InstanceCostModel:
         router = h * m.num_experts
         self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1,
                    label="gemm_moe_dense")
-        # Instances run TP attention, so the layer's all-reduce already combines the experts'
-        # outputs; data-parallel attention (dispatch/combine all-to-alls) is not built yet.
+        if par.dp > 1 and self.ep_group is not None:
+            kernel = deepep_kernel(self.deepep_mode, extend_tokens(b))
+            acc.add_comm(moe_exchange_seconds(
+                kernel, tokens, h, m.num_experts, m.num_experts_per_token, self.ep_group,
+                self.moe_imbalance) * count, "moe_alltoall")
+            return
+        # TP attention: the layer's all-reduce already combines the experts' outputs.
         per_rank = routed / par.ep * h * self._ab
         exchange = moe_token_exchange_time("tp", per_rank, par.ep, self.links.ep) * count
         if exchange:
@@ -411,3 +446,4 @@ class InstanceCostModel:
         params = m.vocab_size * m.hidden_size / t
         self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1,
                    label="lm_head", shapes=((m.vocab_size / t, m.hidden_size),))
+

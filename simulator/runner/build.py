@@ -27,6 +27,7 @@ from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.checks import check_model_settings
 from simulator.runner.kernel_tables import predictor_for
+from simulator.runner.moe_build import comm_buffer_bytes, moe_cost_kwargs, pool_imbalance, redundant_experts
 from simulator.runner.paths import transfer_path
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
@@ -184,12 +185,15 @@ class _Resolved:
 
 def _plan_for(model: ModelConfig, r: _Resolved, par: Parallelism) -> MemoryPlan:
     sched = r.pool.scheduler
-    probe = InstanceCostModel(model, r.device, par, r.precisions, _probe_links(par))
+    probe = InstanceCostModel(model, r.device, par, r.precisions, _probe_links(par),
+                              **moe_cost_kwargs(r.pool, model, r.device, par, None, 1.0))
     plan = plan_memory(
         model, r.device, par, r.precisions, memory_utilization=r.util, block_size=r.block,
         max_batched_tokens=sched.max_num_batched_tokens, max_seqs=sched.max_num_seqs,
         runtime_reserve_gib=r.engine.runtime_reserve_gib + r.engine.cuda_graph_reserve_gib,
         kv_elements_per_token_per_layer_device=probe.kv_elements_per_token_per_layer_device(),
+        redundant_experts=redundant_experts(r.pool),
+        comm_buffer_bytes=comm_buffer_bytes(r.pool.moe, model, par),
     )
     return apply_convention(plan, r.util, r.engine.memory_fraction_of)
 
@@ -208,7 +212,7 @@ def smallest_pp(model: ModelConfig, r: _Resolved, kv_tokens: int) -> tuple[int, 
     # Whole-layer stages stop at one layer per stage; balanced stages may split layers.
     most = model.num_layers * (8 if r.par.balanced_stages else 1)
     for pp in range(min(lower, most), most + 1):
-        par = Parallelism(tp, pp, ep, r.par.balanced_stages)
+        par = Parallelism(tp, pp, ep, r.par.balanced_stages, r.par.dp)
         mem = _plan_for(model, r, par)
         if mem.weight_bytes + mem.activation_bytes < mem.usable_bytes and \
                 mem.kv_capacity_tokens >= kv_tokens:
@@ -269,7 +273,7 @@ def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineP
         ps = pool.parallelism
         try:
             par = Parallelism(ps.tp, 1 if ps.pp == "auto" else ps.pp, ps.ep,
-                              ps.layer_split == "balanced")
+                              ps.layer_split == "balanced", ps.dp)
         except ValueError as exc:
             raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
         sched = pool.scheduler
@@ -288,7 +292,7 @@ def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineP
                     key=f"{key}.parallelism")
             need_pp, _ = found
             if ps.pp == "auto":
-                par = Parallelism(ps.tp, need_pp, ps.ep, r.par.balanced_stages)
+                par = Parallelism(ps.tp, need_pp, ps.ep, r.par.balanced_stages, ps.dp)
             elif ps.pp < need_pp:
                 raise MemoryFitError(
                     f"{model.name} with {budget} KV tokens needs at least tp={ps.tp} x "
@@ -334,6 +338,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         cursor += pool.max_instances
         costs: list[InstanceCostModel] = []
         predictor_class, tables = predictor_for(scenario.cost, dev, engine.name, file)
+        imbalance = pool_imbalance(pool, model, par, file, key)
         for place_ in pool_places:
             links = instance_links(place_, par, file, key)
             try:
@@ -342,8 +347,8 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                     step_overhead_s=engine.step_overhead_us * 1e-6,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
-                    moe_imbalance=pool.moe_imbalance,
                     engine=engine.name,
+                    **moe_cost_kwargs(pool, model, dev, par, place_, imbalance),
                     **tables,
                     host=host_model(engine, pool.scheduler.max_num_seqs),
                 ))
@@ -358,9 +363,11 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 f"no room for KV cache on {dev.name}: {mem.kv_bytes / GIB:.2f} GiB left after "
                 f"weights and activations; raise tp or pp, lower max_num_batched_tokens, or "
                 f"use a larger device", file=file, key=f"{key}.parallelism")
-        if max_prompt is not None and pool.role != "prefill" and max_prompt + 1 > mem.kv_capacity_tokens:
+        # A request's KV lives on one attention rank (all of the instance's with dp = 1).
+        rank_kv = mem.kv_capacity_tokens // par.dp
+        if max_prompt is not None and pool.role != "prefill" and max_prompt + 1 > rank_kv:
             raise MemoryFitError(
-                f"pool {pool.name!r} holds {mem.kv_capacity_tokens} KV tokens per instance "
+                f"pool {pool.name!r} holds {rank_kv} KV tokens per attention rank "
                 f"on {dev.name}, less than the longest prompt ({max_prompt} tokens); raise "
                 f"tp/pp, use fp8 KV, or shorten prompts", file=file, key=f"{key}.parallelism")
         if min_prompt is not None and min_prompt + 1 > mem.kv_capacity_tokens:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from simulator.engine.config import AutoscaleSpec, Fault, RouterSpec, SchedulerSpec, WorkloadSpec
+from simulator.scenario.moe_spec import MoESpec
 from simulator.units import Precision
 
 MAX_POOL_DEVICES = 100_000
@@ -23,7 +24,12 @@ class ParallelismSpec(Spec):
     pp: int | Literal["auto"] = Field(1, description=(
         "Pipeline-parallel stages, or `auto`: the fewest stages whose devices hold the "
         "weights and the pool's `kv_budget_tokens` (SRAM accelerators size this way)."))
-    ep: int = Field(1, ge=1, description="Expert-parallel degree within a stage (divides tp).")
+    ep: int = Field(1, ge=1, description=(
+        "Expert-parallel degree within a stage (divides tp; equals dp x tp with dp > 1)."))
+    dp: int = Field(1, ge=1, description=(
+        "Data-parallel attention ranks of `tp` devices each inside one instance: each rank "
+        "holds its own requests and KV, the MoE layers run EP over all dp x tp devices "
+        "with DeepEP all-to-alls (SGLang `--enable-dp-attention`). 1 = TP attention."))
     layer_split: Literal["whole_layers", "balanced"] = Field("whole_layers", description=(
         "`whole_layers`: each stage runs whole layers (vLLM PP); `balanced`: equal, "
         "possibly fractional shares, as a compiler that splits layers across chips does."))
@@ -32,7 +38,11 @@ class ParallelismSpec(Spec):
     def _ep_divides_tp(self) -> ParallelismSpec:
         if isinstance(self.pp, int) and self.pp < 1:
             raise ValueError(f"pp must be >= 1 or 'auto', got {self.pp}")
-        if self.tp % self.ep:
+        if self.dp > 1:
+            if self.ep != self.dp * self.tp:
+                raise ValueError(f"with dp > 1, ep must equal dp x tp ({self.dp} x {self.tp} = "
+                                 f"{self.dp * self.tp}), got ep={self.ep}")
+        elif self.tp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp})")
         return self
 
@@ -81,7 +91,10 @@ class PoolSpec(Spec):
         "KV tokens each instance must hold; with `parallelism.pp: auto` the stage count is "
         "sized for it, with a given pp it is checked."))
     moe_imbalance: float = Field(1.0, ge=1.0, description=(
-        "Tokens routed to the busiest expert device relative to a uniform split (MoE)."))
+        "Tokens routed to the busiest expert device relative to a uniform split (MoE); "
+        "with a `moe.expert_load` other than uniform it is derived from it instead."))
+    moe: MoESpec | None = Field(None, description=(
+        "DeepEP all-to-all, two-batch overlap and expert load of MoE instances."))
     autoscale: AutoscaleSpec | None = Field(None, description=(
         "Scale this pool on a load signal; `instances` is then the starting count."))
 
@@ -99,7 +112,14 @@ class PoolSpec(Spec):
             raise ValueError("parallelism.pp: auto needs kv_budget_tokens (the KV tokens "
                              "each instance must hold)")
         pp = self.parallelism.pp if isinstance(self.parallelism.pp, int) else 1
-        devices = self.max_instances * self.parallelism.tp * pp
+        if self.moe is not None and self.moe_imbalance != 1.0 and \
+                self.moe.expert_load.popularity != "uniform":
+            raise ValueError("give either moe_imbalance or a moe.expert_load popularity, "
+                             "not both (the imbalance follows from the popularity)")
+        if self.moe is not None and self.moe.two_batch_overlap and self.parallelism.dp == 1:
+            raise ValueError("moe.two_batch_overlap needs data-parallel attention "
+                             "(parallelism.dp > 1): TP attention has no all-to-all to hide")
+        devices = self.max_instances * self.parallelism.tp * pp * self.parallelism.dp
         if devices > MAX_POOL_DEVICES:  # every device is placed up front: bound the memory
             raise ValueError(f"{devices:,} devices (instances x tp x pp) in one pool; at most "
                              f"{MAX_POOL_DEVICES:,} are simulated per pool")
