@@ -42,7 +42,9 @@ def test_mean_outside_one_to_k_plus_one_is_refused() -> None:
 
 def test_verify_batch_samples_every_position() -> None:
     b = verify_batch(contexts_sum=8 * 1000, seqs=8, draft_tokens=3)
-    assert b.prefill_tokens == 32 and b.logits_seqs == 32 and b.decode_seqs == 0
+    assert b.prefill_tokens == 32
+    assert b.logits_seqs == 32
+    assert b.decode_seqs == 0
     assert b.prefill_kv_tokens == 8 * 1000 + 32
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -75,11 +77,11 @@ def test_dp_requires_ep_to_span_every_rank() -> None:
 
 
 # ----- DeepEP all-to-all -------------------------------------------------------------
-@pytest.mark.parametrize("kernel,tokens", [("normal", 4096), ("low_latency", 128)])
+@pytest.mark.parametrize(("kernel", "tokens"), [("normal", 4096), ("low_latency", 128)])
 def test_alltoall_time_grows_with_nodes_crossed(kernel: str, tokens: int) -> None:
     times = [moe_exchange_seconds(kernel, tokens, 7168, 256, 8, EPGroup(ep, 8, NVL, IB, 4))  # type: ignore[arg-type]
              for ep in (8, 16, 32, 64)]
-    assert all(a < b for a, b in zip(times, times[1:], strict=False)), times
+    assert all(a < b for a, b in itertools.pairwise(times)), times
 
 
 def test_same_ranks_on_fewer_nodes_exchange_faster() -> None:
@@ -124,7 +126,8 @@ def test_deepep_auto_uses_low_latency_for_decode_and_normal_for_prefill() -> Non
 def test_step_prices_the_busiest_rank() -> None:
     b = BatchShape.decode(33, 33 * 100)
     r = rank_batch(b, 32)
-    assert r.decode_seqs == 2 and r.decode_ctx_tokens == 200
+    assert r.decode_seqs == 2
+    assert r.decode_ctx_tokens == 200
 
 
 def test_hottest_rank_stretches_moe_and_exchange() -> None:
