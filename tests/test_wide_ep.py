@@ -6,6 +6,8 @@ import itertools
 
 import numpy as np
 import pytest
+import yaml
+from pydantic import ValidationError
 
 from simulator.cost.batch import BatchShape
 from simulator.cost.dp_attention import rank_batch, split_in_two
@@ -20,8 +22,12 @@ from simulator.cost.memory import plan_memory, stage_weight_bytes
 from simulator.cost.moe_comm import EPGroup, alltoall_seconds, moe_exchange_seconds
 from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.step import InstanceCostModel, LinkSet
+from simulator.errors import ConfigError
 from simulator.hardware.registry import load_device, load_link
 from simulator.models.catalog import get_model
+from simulator.runner import wide_ep_study
+from simulator.scenario.schema import Scenario
+from tests.conftest import REPO
 
 DSV3 = get_model("DeepSeek-V3")
 H100 = load_device("H100-SXM")
@@ -176,3 +182,52 @@ def test_uniform_popularity_is_balanced_and_loads_sum_to_one() -> None:
 def test_eplb_slots_must_divide_over_ranks() -> None:
     with pytest.raises(ValueError, match="must divide experts"):
         eplb_rank_loads(zipf_popularity(256, 1.0), 72, 0)
+
+
+# ----- scenario, build and the study ----------------------------------------------------
+def _scenario_data() -> dict:
+    return yaml.safe_load(wide_ep_study.SCENARIO.read_text())
+
+
+def test_shipped_wide_ep_scenario_builds_dp_instances() -> None:
+    prefill, decode = wide_ep_study._plan(_scenario_data())
+    assert decode.parallelism.devices == 72
+    assert decode.cost_models[0].ep_group.nodes == 9
+    assert prefill.cost_models[0].ep_group.nodes == 4
+    # 256 + 32 redundant experts over 72 ranks: 4 expert slots per rank.
+    assert decode.memory.kv_capacity_tokens % 72 == 0
+    assert 1.0 <= decode.cost_models[0].moe_imbalance < 1.1
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"parallelism": {"tp": 1, "dp": 8, "ep": 4}}, "ep must equal dp x tp"),
+    ({"parallelism": {"tp": 8, "ep": 8}, "moe": {"two_batch_overlap": True}},
+     "two_batch_overlap needs data-parallel attention"),
+    ({"moe_imbalance": 1.3}, "either moe_imbalance or a moe.expert_load"),
+])
+def test_bad_wide_ep_settings_are_refused(change: dict, message: str) -> None:
+    data = _scenario_data()
+    data["cluster"]["pools"][1] = dict(data["cluster"]["pools"][1], **change)
+    with pytest.raises(ValidationError, match=message):
+        Scenario.model_validate(data)
+
+
+def test_eplb_slots_that_do_not_divide_are_a_config_error() -> None:
+    data = _scenario_data()
+    decode = dict(data["cluster"]["pools"][1])
+    decode["moe"] = dict(decode["moe"], expert_load=dict(decode["moe"]["expert_load"],
+                                                          redundant_experts=30))
+    data["cluster"]["pools"][1] = decode
+    with pytest.raises(ConfigError, match=r"pools\[1\].moe.expert_load.*286"):
+        wide_ep_study._plan(data)
+
+
+def test_study_tables_in_the_docs_are_current() -> None:
+    """docs/wide_ep.md and docs/parallelism.md show what the study computes today."""
+    wide, par = (REPO / "docs" / "wide_ep.md").read_text(), (REPO / "docs" / "parallelism.md").read_text()
+    for row in wide_ep_study.sglang_rows():
+        assert row in wide, row
+    for model, precision, configs in wide_ep_study.CROSSOVER:
+        for label, parallel in configs:
+            row = wide_ep_study.crossover_row(model, label, parallel, precision)
+            assert row in par, row
