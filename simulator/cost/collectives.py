@@ -64,6 +64,8 @@ def moe_token_exchange_time(
     in ``vllm/model_executor/layers/fused_moe/config.py`` enables the all-to-all kernels
     only when ``dp_size > 1``). With data-parallel attention each rank owns different
     tokens, so routed copies go out (dispatch) and come back (combine): two all-to-alls.
+    This generic alpha-beta pair is a bound for any all-to-all library; instances with
+    data-parallel attention price DeepEP's kernels instead (:mod:`simulator.cost.moe_comm`).
     """
     if attention == "tp" or ep <= 1 or link is None:
         return 0.0
