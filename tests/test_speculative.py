@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
+
+import simulator
 
 from simulator.cost.batch import BatchShape
 from simulator.cost.parallel import Parallelism, Precisions
@@ -17,6 +20,7 @@ from simulator.cost.speculative import (
 from simulator.cost.step import InstanceCostModel, LinkSet
 from simulator.hardware.registry import load_device, load_link
 from simulator.models.catalog import get_model
+from simulator.scenario.schema import Scenario
 
 H100 = load_device("H100-SXM")
 
@@ -79,3 +83,63 @@ def test_acceptance_length_a_cuts_decode_steps_by_about_a(mean: float) -> None:
     steps = [int(np.searchsorted(row, output)) + 1 for row in draws]
     assert output / np.mean(steps) == pytest.approx(mean, rel=0.03)
     assert steps_for(output, mean) == pytest.approx(output / mean, abs=1)
+
+
+# ----- in simulated runs -------------------------------------------------------------------
+def _run(speculative: dict | None, requests: int = 1, output: int = 240, seed: int = 0):
+    pool = {"name": "main", "role": "colocated", "device": "H100-SXM", "instances": 1,
+            "parallelism": {"tp": 1}}
+    if speculative is not None:
+        pool["speculative"] = speculative
+    sc = Scenario.model_validate({
+        "name": "spec", "seed": seed, "model": "Llama-3.1-8B", "engine": "vllm",
+        "workload": {"arrival": {"kind": "all_at_once"},
+                     "input_tokens": {"kind": "fixed", "tokens": 500},
+                     "output_tokens": {"kind": "fixed", "tokens": output},
+                     "num_requests": requests},
+        "cluster": {"pools": [pool]},
+    })
+    return simulator.run(sc)
+
+
+def _decode_steps(result) -> int:
+    return int((result.steps["decode_seqs"] > 0).sum())
+
+
+def test_engine_acceptance_length_a_cuts_decode_steps_by_about_a() -> None:
+    plain = _run(None)
+    spec = _run({"method": "eagle", "draft_tokens": 3, "acceptance_length": 2.5})
+    assert spec.requests["generated_tokens"].tolist() == [240]
+    ratio = _decode_steps(plain) / _decode_steps(spec)
+    assert ratio == pytest.approx(2.5, rel=0.15)
+    assert spec.summary["tpot_mean_s"] < plain.summary["tpot_mean_s"]
+
+
+def test_engine_acceptance_length_one_only_adds_cost() -> None:
+    plain = _run(None, requests=4)
+    never = _run({"method": "mtp", "draft_tokens": 2, "acceptance_rates": [0.0, 0.0]}, requests=4)
+    assert _decode_steps(never) == _decode_steps(plain)
+    assert never.summary["tpot_mean_s"] > plain.summary["tpot_mean_s"]
+    assert never.summary["e2e_mean_s"] > plain.summary["e2e_mean_s"]
+
+
+def test_client_itl_sees_bursts() -> None:
+    spec = _run({"method": "eagle", "draft_tokens": 3, "acceptance_length": 3.0}, requests=2)
+    # Bursts of about 3 tokens per step: two of every three gaps are zero, so the median
+    # gap is 0 while TPOT (time over tokens) stays positive.
+    assert spec.summary["itl_p50_s"] == 0.0
+    assert spec.summary["tpot_mean_s"] > 0
+
+
+def test_speculative_runs_are_reproducible() -> None:
+    cfg = {"method": "mtp", "draft_tokens": 2, "acceptance_histogram": [3, 3, 4]}
+    a, b = _run(cfg, requests=3), _run(cfg, requests=3)
+    assert a.requests.equals(b.requests)
+    assert a.steps.equals(b.steps)
+
+
+def test_bad_speculative_settings_are_refused() -> None:
+    with pytest.raises(ValidationError, match="exactly one of"):
+        _run({"method": "eagle", "draft_tokens": 3})
+    with pytest.raises(ValidationError, match="exceeds draft_tokens"):
+        _run({"method": "eagle", "draft_tokens": 3, "acceptance_length": 4.5})

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from simulator.cost.accounting import StepCost
+from simulator.cost.accounting import DecodeSeries, StepCost
 from simulator.cost.batch import BatchShape
 
 if TYPE_CHECKING:
@@ -155,3 +155,65 @@ def speculative_step(cost: StepTimePredictor, num_layers: int, seqs: int, ctx_su
     verify = cost.step(verify_batch(ctx_sum, seqs, k))
     seconds = verify.seconds + draft + spec.host_us_per_step * 1e-6
     return SpeculativeStep(seconds, draft, verify, spec.acceptance.mean_tokens)
+
+
+def with_verify(batch: BatchShape, draft_tokens: int) -> BatchShape:
+    """``batch`` with each decode sequence turned into a ``k + 1``-position verify."""
+    seqs = batch.decode_seqs
+    if seqs == 0:
+        return batch
+    v = verify_batch(batch.decode_ctx_tokens, seqs, draft_tokens)
+    return BatchShape(
+        prefill_tokens=batch.prefill_tokens + v.prefill_tokens,
+        prefill_seqs=batch.prefill_seqs + v.prefill_seqs,
+        prefill_attn_pairs=batch.prefill_attn_pairs + v.prefill_attn_pairs,
+        prefill_kv_tokens=batch.prefill_kv_tokens + v.prefill_kv_tokens,
+        logits_seqs=batch.logits_seqs - seqs + v.logits_seqs,
+    )
+
+
+@dataclass
+class SpeculativePredictor:
+    """A step-time predictor whose decode sequences draft and verify (one pool's setting).
+
+    Prefill chunks are priced as they are; the decode part of every step becomes the
+    draft passes plus a verify batch merged with the step's prefill chunks, all priced by
+    the wrapped predictor. Decode stretches are priced step by step (a verify pass is not
+    affine in the context the way a decode step is).
+    """
+
+    inner: StepTimePredictor
+    spec: SpeculativeConfig
+    num_layers: int
+
+    @property
+    def parallelism(self) -> Any:
+        return self.inner.parallelism
+
+    def step(self, batch: BatchShape) -> StepCost:
+        if batch.decode_seqs == 0:
+            return self.inner.step(batch)
+        k = self.spec.draft_tokens
+        verify = self.inner.step(with_verify(batch, k))
+        plain = self.inner.step(BatchShape.decode(batch.decode_seqs, batch.decode_ctx_tokens))
+        draft = k * sum(plain.stage_seconds) * self.spec.draft_layers / self.num_layers
+        extra = draft + self.spec.host_us_per_step * 1e-6
+        return StepCost(verify.seconds + extra, tuple(s + extra for s in verify.stage_seconds),
+                        verify.compute_s + draft, verify.memory_s, verify.communication_s,
+                        verify.overhead_s + self.spec.host_us_per_step * 1e-6)
+
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        ops = dict(self.inner.breakdown(with_verify(batch, self.spec.draft_tokens)))
+        if batch.decode_seqs:
+            plain = self.inner.step(BatchShape.decode(batch.decode_seqs, batch.decode_ctx_tokens))
+            ops["draft"] = (self.spec.draft_tokens * sum(plain.stage_seconds)
+                            * self.spec.draft_layers / self.num_layers)
+        return ops
+
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
+        out = [self.step(BatchShape.decode(seqs, int(total))) for total in np.asarray(ctx_sums)]
+        bounds = ("compute", "memory", "communication", "overhead")
+        return DecodeSeries(np.array([c.seconds for c in out]),
+                            np.array([bounds.index(c.bound) for c in out], dtype=np.int64),
+                            np.array([c.compute_s for c in out]),
+                            np.array([c.memory_s for c in out]))

@@ -11,9 +11,11 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import simpy
 
 from simulator.cost.batch import BatchShape
+from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import RouterSpec, SchedulerSpec
 from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, TransferPath
@@ -50,6 +52,8 @@ class InstanceSpec:
     first_token: str = "decode_recompute"
     """Prefill role: whether the prefill emits the client's first token with the KV
     (``forwarded_after_transfer``) or the decode side recomputes it (``decode_recompute``)."""
+    speculative: Acceptance | None = None
+    """Tokens a decoding sequence advances per step under speculative decoding / MTP."""
 
 
 @dataclass
@@ -71,6 +75,8 @@ class Cluster:
     on_finished: Callable[[Request], None] = lambda _r: None
     fast_forward: bool = True
     prefix_block_tokens: int = 512
+    speculation_rng: np.random.Generator | None = None
+    """Draws accepted tokens per step; each speculative instance gets its own child."""
 
     def __post_init__(self) -> None:
         self.instances: list[Instance] = []
@@ -80,6 +86,8 @@ class Cluster:
                 spec.block_size, spec.scheduler, self.recorder, self._prefilled,
                 self._complete, self._kv_freed, self.fast_forward, self.prefix_block_tokens,
                 first_token=spec.first_token, max_num_seqs_per=spec.max_num_seqs_per,
+                speculative=spec.speculative,
+                speculation_rng=self._child_rng() if spec.speculative is not None else None,
             )
             if not spec.active:
                 inst.switch_off()
@@ -106,6 +114,10 @@ class Cluster:
         self._decode_policy = POLICIES[self.router.decode_policy]
 
     # ----- arrivals ------------------------------------------------------------------
+
+    def _child_rng(self) -> np.random.Generator:
+        parent = self.speculation_rng or np.random.default_rng(0)
+        return np.random.default_rng(parent.integers(2**63))
     def submit(self, req: Request) -> None:
         self.recorder.requests.append(req)
         # Only instances that can ever hold the request may serve it: one that cannot

@@ -32,6 +32,7 @@ import numpy as np
 import simpy
 
 from simulator.cost.batch import BatchShape
+from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel, StepCost
 from simulator.engine.config import SchedulerSpec
 from simulator.engine.fast_forward import Jump, mutates, observes, plan_jump
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 class Batch:
     chunks: list[tuple[Request, int]]
     decodes: list[Request]
+    tokens: list[int] | None = None
+    """Tokens each decode advances (speculative decoding); None = one each."""
 
 
 class Instance:
@@ -72,6 +75,8 @@ class Instance:
         prefix_block_tokens: int = 512,
         first_token: str = "decode_recompute",
         max_num_seqs_per: str = "engine",
+        speculative: Acceptance | None = None,
+        speculation_rng: np.random.Generator | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -95,7 +100,12 @@ class Instance:
         # Called when a request's prefill first starts (a layer-wise KV stream opens).
         self.on_prefill_start: Callable[[Instance, Request], None] | None = None
         self.pp = cost.parallelism.pp
-        self.fast_forward = fast_forward and self.pp == 1
+        # Speculative decoding: each decode step advances a sequence by a drawn number of
+        # tokens (1..k+1) and needs KV room for the k drafts (vLLM's lookahead slots).
+        self._accept = speculative
+        self._accept_rng = speculation_rng or np.random.default_rng(0)
+        self._lookahead = speculative.draft_tokens if speculative is not None else 0
+        self.fast_forward = fast_forward and self.pp == 1 and speculative is None
         # vLLM V1 caps the running requests of the whole engine at max_num_seqs, however
         # many micro-batches are in flight; V0's pp virtual engines each had the cap.
         self.max_running = scheduler.max_num_seqs * (
@@ -380,12 +390,17 @@ class Instance:
                 ((n, r.prefilled, r.prefilled + n >= r.prefill_target) for r, n in batch.chunks),
                 (r.context_tokens for r in batch.decodes),
             )
+            if self._accept is not None and batch.decodes:
+                drawn = self._accept.sample(self._accept_rng, len(batch.decodes))
+                batch.tokens = [min(int(n), r.output_tokens - r.generated)
+                                for n, r in zip(drawn, batch.decodes, strict=True)]
             step = self.cost.step(shape)
             start = env.now
             if self.pp == 1:
                 seconds = step.seconds * self._speed
                 yield env.timeout(seconds)
-                self._record(start, seconds, seconds, shape, step)
+                self._record(start, seconds, seconds, shape, step,
+                             sum(batch.tokens) if batch.tokens is not None else None)
                 self._finish(batch, start)
                 continue
             yield from self._pipeline(batch, shape, step)
@@ -496,7 +511,8 @@ class Instance:
         Returns False if ``req`` cannot decode this step (it was preempted, or every
         possible victim is in flight in another micro-batch).
         """
-        need = self._kv.blocks_for(req.context_tokens) - req.blocks - self._pinned_blocks(req)
+        need = (self._kv.blocks_for(req.context_tokens + self._lookahead) - req.blocks
+                - self._pinned_blocks(req))
         while need > 0 and not self._kv.can_allocate(need):
             victim = next((r for r in reversed(self._running) if not r.in_flight), None)
             if victim is None:
@@ -647,13 +663,13 @@ class Instance:
 
     # ----- results of a step -----------------------------------------------------------
     def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
-                step: StepCost) -> None:
+                step: StepCost, decode_tokens: int | None = None) -> None:
         # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         self.recorder.step(
             self.index, start, seconds, busy_s, shape.prefill_tokens, shape.prefill_seqs,
             shape.decode_seqs, shape.decode_ctx_tokens, self._kv.used, self._kv.total,
             len(self._waiting), len(self._running), step.bound, step.compute_s / self.pp,
-            step.memory_s / self.pp,
+            step.memory_s / self.pp, decode_tokens,
         )
 
     # ----- faults ---------------------------------------------------------------------
@@ -705,16 +721,17 @@ class Instance:
 
     def _finish(self, batch: Batch, start: float) -> None:
         now = self.env.now
-        for req in batch.decodes:
+        for i, req in enumerate(batch.decodes):
             if req.status != "decode":
                 continue
             if req.decode_start_s != req.decode_start_s:  # NaN: its first decode step
                 req.decode_start_s = start
-            req.generated += 1
-            if req.generated == 1 and req.first_token_s != req.first_token_s:
+            before = req.generated
+            req.generated += batch.tokens[i] if batch.tokens is not None else 1
+            if before == 0 and req.first_token_s != req.first_token_s:
                 req.first_token_s = now  # decode_recompute: the decode side's first token
-            elif req.generated == 2 and req.second_token_s != req.second_token_s:
-                req.second_token_s = now
+            if before < 2 <= req.generated and req.second_token_s != req.second_token_s:
+                req.second_token_s = now  # (a speculative burst delivers both at once)
             if req.done:
                 self._complete(req)
         for req, n in batch.chunks:

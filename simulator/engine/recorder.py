@@ -28,6 +28,7 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("bound", "b"),
     ("compute_s", "f"),
     ("memory_s", "f"),
+    ("decode_tokens", "q"),
 )
 BOUNDS = ("compute", "memory", "communication", "overhead")
 _BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
@@ -58,7 +59,7 @@ class Recorder:
              prefill_tokens: int,
              prefill_seqs: int, decode_seqs: int, decode_ctx_tokens: int, kv_used: int,
              kv_total: int, queue_len: int, running: int, bound: str, compute_s: float,
-             memory_s: float) -> None:
+             memory_s: float, decode_tokens: int | None = None) -> None:
         s = self.steps
         s["instance"].append(instance)
         s["start_s"].append(start_s)
@@ -75,6 +76,7 @@ class Recorder:
         s["bound"].append(_BOUND_CODE[bound])
         s["compute_s"].append(compute_s)
         s["memory_s"].append(memory_s)
+        s["decode_tokens"].append(decode_seqs if decode_tokens is None else decode_tokens)
 
     def steps_bulk(self, instance: int, starts: np.ndarray, durations: np.ndarray,
                    decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
@@ -98,6 +100,7 @@ class Recorder:
         s["bound"].extend(np.asarray(bounds, dtype=np.int8).tolist())
         s["compute_s"].extend(np.asarray(compute_s, dtype=float).tolist())
         s["memory_s"].extend(np.asarray(memory_s, dtype=float).tolist())
+        s["decode_tokens"].extend([decode_seqs] * n)
 
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:

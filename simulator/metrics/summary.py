@@ -160,10 +160,17 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     tpot = done["tpot_s"].dropna()
     positive = tpot[tpot > 0]
     summary["per_user_tokens_per_s_mean"] = float((1.0 / positive).mean()) if len(positive) else math.nan
-    # ITL: every decode step gives one inter-token gap to each sequence it advances.
+    # ITL: every decode step gives one inter-token gap to each sequence it advances; a
+    # speculative step that advances a sequence by n tokens delivers them in one burst,
+    # so the client sees that gap and n - 1 gaps of zero.
     if len(steps):
         durations = itl_gaps(steps)
         seqs = steps["decode_seqs"].to_numpy()
+        if "decode_tokens" in steps:
+            burst = int((steps["decode_tokens"].to_numpy() - seqs).sum())
+            if burst > 0:
+                durations = np.append(durations, 0.0)
+                seqs = np.append(seqs, burst)
         total = seqs.sum()
         summary["itl_mean_s"] = float((durations * seqs).sum() / total) if total else float("nan")
         for q, v in weighted_percentiles(durations, seqs).items():

@@ -14,6 +14,7 @@ from simulator.cost.handoff import handoff_streams
 from simulator.cost.host import host_model
 from simulator.cost.memory import MemoryPlan, plan_memory
 from simulator.cost.parallel import Parallelism, Precisions
+from simulator.cost.speculative import SpeculativePredictor
 from simulator.cost.step import InstanceCostModel, LinkSet
 from simulator.engine.cluster import InstanceSpec
 from simulator.engine.config import EmpiricalLength, FixedLength, LognormalLength, UniformLength
@@ -27,7 +28,13 @@ from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.checks import check_model_settings
 from simulator.runner.kernel_tables import predictor_for
-from simulator.runner.moe_build import comm_buffer_bytes, moe_cost_kwargs, pool_imbalance, redundant_experts
+from simulator.runner.moe_build import (
+    comm_buffer_bytes,
+    moe_cost_kwargs,
+    pool_imbalance,
+    redundant_experts,
+    speculative_config,
+)
 from simulator.runner.paths import transfer_path
 from simulator.runner.placement import Placement, place
 from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
@@ -354,6 +361,13 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
+        spec_cfg = speculative_config(pool.speculative) if pool.speculative else None
+        if spec_cfg is not None:
+            if par.pp > 1:
+                raise ConfigError("speculative decoding is modelled with pp = 1 only",
+                                  file=file, key=f"{key}.speculative")
+            costs = [SpeculativePredictor(c, spec_cfg, model.num_layers)  # type: ignore[misc]
+                     for c in costs]
         mem = _plan_for(model, r, par)
         if mem.weight_bytes + mem.activation_bytes >= mem.usable_bytes:
             raise MemoryFitError(memory_error(model, dev, par, mem, r.precisions.weights, r.util),
@@ -388,6 +402,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 kv_bytes_per_token=kv_bytes_token, active=j < pool.instances,
                 cold_start_s=cold_start, devices=par.devices, first_token=engine.first_token,
                 max_num_seqs_per=engine.max_num_seqs_per,
+                speculative=spec_cfg.acceptance if spec_cfg is not None else None,
             ))
         pools.append(PoolPlan(pool, dev, par, mem, pool_places, costs))
 

@@ -11,6 +11,7 @@ from simulator.cost.expert_load import (
 )
 from simulator.cost.moe_comm import NORMAL_BUFFER_BYTES, EPGroup, low_latency_buffer_bytes
 from simulator.cost.parallel import Parallelism
+from simulator.cost.speculative import Acceptance, SpeculativeConfig
 from simulator.errors import ConfigError
 from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_link
@@ -18,6 +19,7 @@ from simulator.models.arch import ModelConfig
 from simulator.runner.placement import Placement
 from simulator.scenario.moe_spec import MoESpec
 from simulator.scenario.schema import PoolSpec
+from simulator.scenario.speculative_spec import SpeculativeSpec
 
 
 def redundant_experts(pool: PoolSpec) -> int:
@@ -90,3 +92,19 @@ def moe_cost_kwargs(pool: PoolSpec, model: ModelConfig, device: DeviceProfile,
         "redundant_experts": redundant_experts(pool),
         "moe_imbalance": imbalance_,
     }
+
+
+def speculative_config(spec: SpeculativeSpec) -> SpeculativeConfig:
+    """The pool's speculative setting as the cost layer's acceptance and draft cost."""
+    k = spec.draft_tokens
+    if spec.acceptance_rates is not None:
+        acceptance = Acceptance.from_rates(list(spec.acceptance_rates))
+    elif spec.acceptance_histogram is not None:
+        acceptance = Acceptance.from_histogram(list(spec.acceptance_histogram))
+    else:
+        assert spec.acceptance_length is not None
+        acceptance = Acceptance.from_mean(spec.acceptance_length, k)
+    layers = spec.draft_layers
+    if layers is None:
+        layers = 0.0 if spec.method == "ngram" else 1.0
+    return SpeculativeConfig(spec.method, acceptance, layers, spec.host_us_per_step)

@@ -27,7 +27,7 @@ from simulator.runner.result import RunResult
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
 
-STREAMS = ("arrival", "input", "output", "prefix", "routing", "faults")
+STREAMS = ("arrival", "input", "output", "prefix", "routing", "faults", "speculation")
 
 
 def spawn_rngs(seed: int) -> dict[str, np.random.Generator]:
@@ -59,7 +59,8 @@ class Simulation:
                                 plan.model.num_layers)
         cluster = Cluster(env, plan.instances, sc.cluster.router, RouterState(rngs["routing"]),
                           recorder, transfer, fast_forward=sc.simulation.fast_forward,
-                          prefix_block_tokens=sc.workload.prefix_block_tokens)
+                          prefix_block_tokens=sc.workload.prefix_block_tokens,
+                          speculation_rng=rngs["speculation"])
         context = plan.model.max_context_tokens
 
         def submit(req: Request) -> None:

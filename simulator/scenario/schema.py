@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from simulator.engine.config import AutoscaleSpec, Fault, RouterSpec, SchedulerSpec, WorkloadSpec
 from simulator.scenario.moe_spec import MoESpec
+from simulator.scenario.speculative_spec import SpeculativeSpec
 from simulator.units import Precision
 
 MAX_POOL_DEVICES = 100_000
@@ -95,6 +96,8 @@ class PoolSpec(Spec):
         "with a `moe.expert_load` other than uniform it is derived from it instead."))
     moe: MoESpec | None = Field(None, description=(
         "DeepEP all-to-all, two-batch overlap and expert load of MoE instances."))
+    speculative: SpeculativeSpec | None = Field(None, description=(
+        "Speculative decoding / MTP on this pool's decode steps."))
     autoscale: AutoscaleSpec | None = Field(None, description=(
         "Scale this pool on a load signal; `instances` is then the starting count."))
 
