@@ -26,6 +26,9 @@ from simulator.errors import ConfigError
 from simulator.hardware.registry import load_device, load_link
 from simulator.models.catalog import get_model
 from simulator.runner import wide_ep_study
+from simulator.runner.executors import make_executor
+from simulator.runner.plan_spec import Family, PlanSpec, families, scenario_of
+from simulator.runner.planner import Planner
 from simulator.scenario.schema import Scenario
 from tests.conftest import REPO
 
@@ -231,3 +234,36 @@ def test_study_tables_in_the_docs_are_current() -> None:
         for label, parallel in configs:
             row = wide_ep_study.crossover_row(model, label, parallel, precision)
             assert row in par, row
+
+
+# ----- the planner searches dp ------------------------------------------------------------
+def _plan_spec(model: str, dp: list[int]) -> PlanSpec:
+    return PlanSpec.model_validate({
+        "name": "wide", "model": model, "engine": "sglang",
+        "workload": {"arrival": {"kind": "poisson", "rate_per_s": 5},
+                     "input_tokens": {"kind": "fixed", "tokens": 1000},
+                     "output_tokens": {"kind": "fixed", "tokens": 100}, "num_requests": 50},
+        "slo": {"tpot_s": 0.1}, "hardware": [{"device": "H100-SXM", "max_devices": 32}],
+        "layouts": ["colocated"], "tp": [1, 8], "dp": dp,
+        "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
+    })
+
+
+def test_planner_families_include_dp_attention_shapes() -> None:
+    spec = _plan_spec("DeepSeek-V3", [1, 16])
+    shapes = {f.shapes[0] for f in families(spec)}
+    wide = next(s for s in shapes if s.dp == 16 and s.tp == 1)
+    assert wide.devices == 16
+    assert wide.text() == "H100-SXM DP16xEP16"
+    assert all(s.devices <= 32 for s in shapes)  # TP8 x DP16 = 128 devices is left out
+    pool = scenario_of(spec, Family("colocated", (wide,)), (1,)).cluster.pools[0]
+    assert (pool.parallelism.dp, pool.parallelism.ep) == (16, 16)
+    assert pool.scheduler.max_num_seqs == 64 * 16
+
+
+def test_planner_rejects_dp_shapes_a_model_cannot_use() -> None:
+    spec = _plan_spec("Llama-3.1-8B", [1, 2])
+    planner = Planner(spec, make_executor("local", 1, None))
+    bad = planner.unfit_shapes()
+    assert {s.dp for s in bad} == {2}
+    assert any("dense model" in r["reason"] for r in planner.rejected)

@@ -49,6 +49,10 @@ class PlanSpec(_Spec):
         ["colocated", "disaggregated"], min_length=1, description="Layouts to consider.")
     tp: list[int] = Field([1, 2, 4, 8], min_length=1, description="TP sizes to consider.")
     pp: list[int] = Field([1], min_length=1, description="PP sizes to consider.")
+    dp: list[int] = Field([1], min_length=1, description=(
+        "Data-parallel attention ranks per instance to consider (MoE models: EP spans the "
+        "dp x tp devices, e.g. [1, 16, 32]; 1 = TP attention). The scheduler limits are "
+        "per attention rank and scale with dp."))
     mixed_devices: bool = Field(False, description=(
         "Allow prefill and decode pools on different device types."))
     max_instances_per_pool: int = Field(16, gt=0, description="Most instances in one pool.")
@@ -73,8 +77,9 @@ class PlanSpec(_Spec):
             raise ValueError(f"the planner varies the request rate; arrival kind "
                              f"{self.workload.arrival.kind!r} has none (use poisson, gamma "
                              "or constant)")
-        if any(t < 1 for t in self.tp) or any(p < 1 for p in self.pp):
-            raise ValueError("tp and pp sizes must be >= 1")
+        if any(t < 1 for t in self.tp) or any(p < 1 for p in self.pp) or \
+                any(d < 1 for d in self.dp):
+            raise ValueError("tp, pp and dp sizes must be >= 1")
         names = [h.device for h in self.hardware]
         if len(set(names)) < len(names):
             raise ValueError(f"hardware lists a device twice: {names}")
@@ -90,8 +95,16 @@ class Shape:
     device: str
     tp: int
     pp: int
+    dp: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp
 
     def text(self) -> str:
+        if self.dp > 1:
+            return f"{self.device} DP{self.dp}xEP{self.dp * self.tp}" + (
+                f" (TP{self.tp} attention)" if self.tp > 1 else "")
         return f"{self.device} TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "")
 
 
@@ -142,8 +155,7 @@ def scenario_of(spec: PlanSpec, family: Family, counts: tuple[int, ...],
                 rate: float | None = None) -> Scenario:
     pools = [{"name": "main" if role == "colocated" else role, "role": role,
               "device": shape.device, "instances": n,
-              "parallelism": {"tp": shape.tp, "pp": shape.pp},
-              "scheduler": spec.scheduler.model_dump(mode="json")}
+              "parallelism": _parallelism(shape), "scheduler": _scheduler(spec, shape)}
              for role, shape, n in zip(family.roles, family.shapes, counts, strict=True)]
     workload = spec.workload.model_dump(mode="json")
     workload["arrival"]["rate_per_s"] = rate or spec.rate
@@ -157,9 +169,24 @@ def scenario_of(spec: PlanSpec, family: Family, counts: tuple[int, ...],
     })
 
 
+def _parallelism(shape: Shape) -> dict[str, int]:
+    if shape.dp > 1:
+        return {"tp": shape.tp, "dp": shape.dp, "ep": shape.dp * shape.tp}
+    return {"tp": shape.tp, "pp": shape.pp}
+
+
+def _scheduler(spec: PlanSpec, shape: Shape) -> dict[str, Any]:
+    out = spec.scheduler.model_dump(mode="json")
+    if shape.dp > 1:  # the instance's limits: one rank's, times the ranks
+        out["max_num_seqs"] *= shape.dp
+        out["max_num_batched_tokens"] *= shape.dp
+    return out
+
+
 def families(spec: PlanSpec) -> list[Family]:
-    shapes = [Shape(h.device, tp, pp) for h in spec.hardware for tp in spec.tp for pp in spec.pp
-              if tp * pp <= h.max_devices]
+    shapes = [Shape(h.device, tp, pp, dp) for h in spec.hardware for tp in spec.tp
+              for pp in spec.pp for dp in spec.dp
+              if tp * pp * dp <= h.max_devices and (dp == 1 or pp == 1)]
     out: list[Family] = []
     if "colocated" in spec.layouts:
         out += [Family("colocated", (s,)) for s in shapes]

@@ -90,9 +90,9 @@ class Planner:
         devices: dict[str, int] = {}
         cost = 0.0
         for shape, n in zip(family.shapes, counts, strict=True):
-            devices[shape.device] = devices.get(shape.device, 0) + n * shape.tp * shape.pp
-            cost += n * shape.tp * shape.pp * _price(self.spec, self.devices[shape.device],
-                                                     shape.device)
+            devices[shape.device] = devices.get(shape.device, 0) + n * shape.devices
+            cost += n * shape.devices * _price(self.spec, self.devices[shape.device],
+                                               shape.device)
         if any(devices[d] > self.limits[d] for d in devices):
             return None
         if any(n > self.spec.max_instances_per_pool for n in counts):
@@ -155,6 +155,12 @@ class Planner:
                 bad.add(shape)
                 self.rejected.append({"family": f"every pool on {shape.text()}",
                                       "layout": "any", "reason": f"does not fit: {exc.message}"})
+            except ConfigError as exc:
+                if shape.dp == 1:
+                    raise
+                bad.add(shape)  # e.g. a dense model, or experts that do not divide over EP
+                self.rejected.append({"family": f"every pool on {shape.text()}",
+                                      "layout": "any", "reason": exc.message})
         return bad
 
     def search(self) -> None:
@@ -230,6 +236,7 @@ def _row(spec: PlanSpec, cand: Candidate) -> dict[str, Any]:
     for role, shape, n in zip(cand.family.roles, cand.family.shapes, cand.counts, strict=True):
         row[f"{role}_device"], row[f"{role}_tp"] = shape.device, shape.tp
         row[f"{role}_pp"], row[f"{role}_instances"] = shape.pp, n
+        row[f"{role}_dp"] = shape.dp
     # Planner prices may override profile prices: recompute $/1M tokens with them.
     tput = s.get("output_token_throughput", 0.0) or math.nan
     row["cost_usd_per_1m_output_tokens"] = cand.cost_usd_per_hour / (tput * 3600) * 1e6
