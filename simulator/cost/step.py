@@ -18,15 +18,9 @@ from simulator.cost.accounting import DecodeSeries, LinkSet, StepCost, _Acc
 from simulator.cost.batch import BatchShape
 from simulator.cost.collectives import (
     allreduce_time,
-    moe_token_exchange_time,
     p2p_time,
 )
-from simulator.cost.dp_attention import (
-    extend_tokens,
-    rank_batch,
-    series_by_steps,
-    two_batch_overlap_step,
-)
+from simulator.cost.dp_attention import extend_tokens, rank_batch, series_by_steps, two_batch_overlap_step
 from simulator.cost.host import HostModel
 from simulator.cost.moe_comm import DeepEPMode, EPGroup, deepep_kernel, moe_exchange_seconds
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
@@ -433,11 +427,8 @@ class InstanceCostModel:
                 kernel, tokens, h, m.num_experts, m.num_experts_per_token, self.ep_group,
                 self.moe_imbalance) * count, "moe_alltoall")
             return
-        # TP attention: the layer's all-reduce already combines the experts' outputs.
-        per_rank = routed / par.ep * h * self._ab
-        exchange = moe_token_exchange_time("tp", per_rank, par.ep, self.links.ep) * count
-        if exchange:
-            acc.add_comm(exchange, "moe_alltoall")
+        # TP attention: the layer's all-reduce already combines the experts' outputs
+        # (moe_token_exchange_time("tp", ...) is zero), so EP sends nothing of its own.
 
     def _lm_head(self, acc: _Acc, b: BatchShape) -> None:
         m, t = self.model, self.parallelism.tp
@@ -446,4 +437,3 @@ class InstanceCostModel:
         params = m.vocab_size * m.hidden_size / t
         self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1,
                    label="lm_head", shapes=((m.vocab_size / t, m.hidden_size),))
-
