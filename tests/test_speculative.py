@@ -7,7 +7,6 @@ import pytest
 from pydantic import ValidationError
 
 import simulator
-
 from simulator.cost.batch import BatchShape
 from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.speculative import (
