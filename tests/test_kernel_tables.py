@@ -165,8 +165,7 @@ def test_device_without_tables_is_refused() -> None:
         Simulation(sc)
 
 
-@pytest.mark.skipif(kernel_tables.tables_root() is None,
-                    reason="optional: needs the kernels extra (aiconfigurator-core)")
+@pytest.mark.kernels  # deselected by default; `pytest -m kernels` with the extra installed
 def test_real_tables_price_an_h100_decode_step() -> None:
     tables = kernel_tables.load_tables("h100_sxm", "vllm")
     pred = TablePredictor(M8, H100, tables=tables)
