@@ -1,5 +1,5 @@
 """Shipped device and link profiles: they load, cite sources, reference real links, and
-carry the datasheet / measured figures of shared/reference/hardware_and_models.md."""
+carry the datasheet and measured figures their sources publish."""
 
 from __future__ import annotations
 
