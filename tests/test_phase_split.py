@@ -124,19 +124,23 @@ def test_slow_handoff_throttles_prefill_through_held_kv(tmp_path) -> None:
     assert (held["kv_used_blocks"] <= held["kv_total_blocks"]).all()
 
 
+# 40 prompts of 3,000 tokens at once into a decode pool whose KV holds only a few of them.
+SMALL_DECODE_KV = {
+    "model": "Llama-3.1-8B",
+    "cluster.pools.prefill.parallelism": {"tp": 1},
+    "cluster.pools.decode.parallelism": {"tp": 1},
+    "cluster.pools.decode.device": "L40S",
+    "cluster.pools.decode.scheduler": {"memory_utilization": 0.45, "max_num_seqs": 256},
+    "workload.arrival": {"kind": "all_at_once"},
+    "workload.input_tokens": {"kind": "fixed", "tokens": 3000},
+    "workload.output_tokens": {"kind": "fixed", "tokens": 200},
+    "workload.num_requests": 40,
+}
+
+
 def test_decode_admission_waits_for_kv() -> None:
     """A small decode KV forces requests to wait for capacity; none is lost."""
-    sc = disagg(None, **{
-        "model": "Llama-3.1-8B",
-        "cluster.pools.prefill.parallelism": {"tp": 1},
-        "cluster.pools.decode.parallelism": {"tp": 1},
-        "cluster.pools.decode.device": "L40S",
-        "cluster.pools.decode.scheduler": {"memory_utilization": 0.45, "max_num_seqs": 256},
-        "workload.arrival": {"kind": "all_at_once"},
-        "workload.input_tokens": {"kind": "fixed", "tokens": 3000},
-        "workload.output_tokens": {"kind": "fixed", "tokens": 200},
-        "workload.num_requests": 40,
-    })
+    sc = disagg(None, **SMALL_DECODE_KV)
     res = run(sc)
     r = res.requests
     assert (r["status"] == "completed").all()
@@ -190,17 +194,7 @@ def _slow_link(tmp_path, gb_per_s: float = 0.5):
 
 def test_layerwise_credits_no_overlap_without_a_reserved_destination(tmp_path) -> None:
     """A request that waited for decode KV had nowhere to stream to while it prefilled."""
-    sc = disagg(_slow_link(tmp_path, 5.0), "layerwise", **{
-        "model": "Llama-3.1-8B",
-        "cluster.pools.prefill.parallelism": {"tp": 1},
-        "cluster.pools.decode.parallelism": {"tp": 1},
-        "cluster.pools.decode.device": "L40S",
-        "cluster.pools.decode.scheduler": {"memory_utilization": 0.45, "max_num_seqs": 256},
-        "workload.arrival": {"kind": "all_at_once"},
-        "workload.input_tokens": {"kind": "fixed", "tokens": 3000},
-        "workload.output_tokens": {"kind": "fixed", "tokens": 200},
-        "workload.num_requests": 40,
-    })
+    sc = disagg(_slow_link(tmp_path, 5.0), "layerwise", **SMALL_DECODE_KV)
     r = run(sc).requests
     assert (r["status"] == "completed").all()
     waited = r[r["transfer_queue_s"] > 0]
