@@ -21,7 +21,7 @@ from simulator.engine.config import RouterSpec, SchedulerSpec
 from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, TransferPath
 from simulator.engine.instance import Instance
 from simulator.engine.recorder import Recorder
-from simulator.engine.request import Request
+from simulator.engine.request import Request, State
 from simulator.engine.router import POLICIES, RouterState
 
 Role = Literal["colocated", "prefill", "decode"]
@@ -128,7 +128,7 @@ class Cluster:
             sides.append(("decode", self.decoders))
         for side, pool in sides:
             if not any(x.can_ever_hold(req) for x in pool):
-                req.status = "rejected"
+                req.move_to(State.REJECTED)
                 most = max(x.kv_capacity_tokens for x in pool)
                 req.reason = (f"prompt+output {need} tokens exceed the KV capacity of every "
                               f"{side} instance (largest: {most} tokens)")
@@ -140,13 +140,13 @@ class Cluster:
         if self.router.dispatch == "central_queue":
             candidates = [x for x in self.entry if x.has_slot() and x.can_ever_hold(req)]
             if not candidates or self.pending_entry:  # FIFO: nobody overtakes the queue
-                req.status = "queued"
+                req.move_to(State.QUEUED)
                 self.pending_entry.append(req)
                 return
         else:
             candidates = [x for x in self.entry if x.accepting and x.can_ever_hold(req)]
         if not candidates:  # every entry instance is down or off: wait for one
-            req.status = "queued"
+            req.move_to(State.QUEUED)
             self.pending_entry.append(req)
             return
         inst = self._entry_policy(candidates, req, self.router_state, "entry")
@@ -164,7 +164,7 @@ class Cluster:
         self.on_finished(req)
 
     def fail_request(self, req: Request, reason: str) -> None:
-        req.status = "failed"
+        req.move_to(State.FAILED)
         req.reason = reason
         self.kv_location.pop(req.id, None)
         self.on_finished(req)
@@ -376,7 +376,7 @@ class Cluster:
             req.restarts += 1
             self.retries += 1
         req.reset_for_recompute(preempted=False)
-        req.status = "queued"
+        req.move_to(State.QUEUED)
         req.decode_instance = -1
         self.kv_location.pop(req.id, None)
         self._route(req)

@@ -31,6 +31,7 @@ import numpy as np
 if TYPE_CHECKING:
     from simulator.cost.step import DecodeSeries, InstanceCostModel
     from simulator.engine.kv import BlockManager
+    from simulator.engine.recorder import Recorder
     from simulator.engine.request import Request
 
 MIN_JUMP = 3
@@ -151,6 +152,39 @@ class Jump:
             queue[late] = queue_len
             run[late] = running
         return used, queue, run
+
+    # ----- booking the result --------------------------------------------------------
+    def apply(self, done: int, kv: BlockManager, recorder: Recorder, index: int,
+              queue_len: int, running: int) -> list[Request]:
+        """Record the first ``done`` steps and advance the sequences; return those that
+        reached their output length (the instance caps and completes them)."""
+        self.settle(kv, done)
+        decodes, start, ends = self.decodes, self.start, self.ends
+        n = len(decodes)
+        starts = np.asarray([start, *ends[: done - 1]])
+        used, queue, run = self.row_values(done, kv.used, queue_len, running)
+        series = self.series
+        recorder.steps_bulk(
+            index, starts, self.seconds[:done], n, int(self.ctx.sum()) + n * np.arange(done),
+            used, kv.total, queue, run, self.bounds[:done],
+            series.compute_s[:done], series.memory_s[:done],
+        )
+        bs = kv.block_size
+        blocks = (np.maximum(self.held, -(-(self.ctx + done - 1) // bs)) - self.pinned).tolist()
+        finished = []
+        for r, b in zip(decodes, blocks, strict=True):
+            r.blocks = b
+            if r.decode_start_s != r.decode_start_s:
+                r.decode_start_s = start
+            g = r.generated
+            if g == 0 and r.first_token_s != r.first_token_s:
+                r.first_token_s = ends[0]
+            if g <= 1 and g + done >= 2 and r.second_token_s != r.second_token_s:
+                r.second_token_s = ends[1 - g]
+            r.generated += done
+            if r.generated >= r.output_tokens:
+                finished.append(r)
+        return finished
 
 
 def plan_jump(decodes: list[Request], kv: BlockManager, cost: InstanceCostModel,

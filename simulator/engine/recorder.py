@@ -157,6 +157,7 @@ class Recorder:
                   "completion_s", "preemptions", "restarts", "prefill_instance",
                   "decode_instance", "status", "reason")
         data = {f: [getattr(r, f) for r in reqs] for f in fields}
+        data["status"] = [s.value for s in data["status"]]  # plain strings, not State
         df = pd.DataFrame(data)
         df = df.rename(columns={"id": "request_id", "generated": "generated_tokens"})
         names = np.asarray([*instance_names, ""], dtype=object)

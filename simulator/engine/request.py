@@ -1,16 +1,63 @@
-"""A request's state and timestamps as it moves through the cluster."""
+"""A request's state and timestamps as it moves through the cluster.
+
+Its life is a small state machine. Every change of state goes through
+:meth:`Request.move_to`, which checks it against :data:`TRANSITIONS`::
+
+    QUEUED ──admit──▶ PREFILL ──last chunk──▶ DECODE ──last token──▶ COMPLETED
+      ▲  │              │  └─prefill role─▶ TRANSFER ──KV arrived──▶ DECODE
+      │  │              └──prompt was the whole answer──▶ COMPLETED
+      │  └─▶ REJECTED (too long for the model or every instance's KV)
+      └──── preempted (recompute) or restarted after a fault, from PREFILL / DECODE / TRANSFER
+    any live state ──▶ FAILED (retries exhausted)   any live state ──▶ IN_FLIGHT (clock stopped)
+"""
 
 from __future__ import annotations
 
 import math
+from enum import StrEnum
+
+from simulator.errors import SimulationError
 
 NAN = math.nan
+
+
+class State(StrEnum):
+    """Where a request is. The values are the ``status`` column of the requests frame."""
+
+    QUEUED = "queued"  # waiting for (re)prefill, at an instance or at the cluster
+    PREFILL = "prefill"  # admitted: its prompt is being prefilled
+    DECODE = "decode"  # generating tokens
+    TRANSFER = "transfer"  # prefilled; its KV waits for or is on its way to a decode instance
+    COMPLETED = "completed"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    IN_FLIGHT = "in_flight"  # still live when the clock stopped
+
+
+_LIVE = (State.QUEUED, State.PREFILL, State.DECODE, State.TRANSFER)
+TRANSITIONS: dict[State, frozenset[State]] = {
+    # Re-queueing a queued request (a cluster-level queue handing it on) is allowed.
+    State.QUEUED: frozenset({State.QUEUED, State.PREFILL, State.REJECTED, State.FAILED,
+                             State.IN_FLIGHT}),
+    State.PREFILL: frozenset({State.DECODE, State.TRANSFER, State.COMPLETED, State.QUEUED,
+                              State.FAILED, State.IN_FLIGHT}),
+    State.DECODE: frozenset({State.COMPLETED, State.QUEUED, State.FAILED, State.IN_FLIGHT}),
+    State.TRANSFER: frozenset({State.DECODE, State.QUEUED, State.FAILED, State.IN_FLIGHT}),
+    State.COMPLETED: frozenset(),
+    State.REJECTED: frozenset(),
+    State.FAILED: frozenset(),
+    State.IN_FLIGHT: frozenset(),
+}
+"""Allowed moves: state -> the states it may move to."""
+
+LIVE_STATES = frozenset(_LIVE)
 
 
 class Request:
     """One inference request. Plain slots, no SimPy: it is data the processes update."""
 
     __slots__ = (
+        "_state",
         "arrival_s",
         "block_hashes",
         "blocks",
@@ -39,7 +86,6 @@ class Request:
         "restarts",
         "second_token_s",
         "src_blocks",
-        "status",
         "transfer_end_s",
         "transfer_start_s",
         "transfer_wait_s",
@@ -65,7 +111,7 @@ class Request:
         self.block_hashes: list[int] | None = None
         self.preemptions = 0
         self.restarts = 0  # times a failure sent it back to be prefilled or placed again
-        self.status = "queued"
+        self._state = State.QUEUED
         self.reason = ""
         self.prefill_instance = -1
         self.decode_instance = -1
@@ -79,6 +125,18 @@ class Request:
         self.decode_start_s = NAN
         self.second_token_s = NAN
         self.completion_s = NAN
+
+    @property
+    def status(self) -> State:
+        """The current state (read-only: change it with :meth:`move_to`)."""
+        return self._state
+
+    def move_to(self, new: State) -> None:
+        """Change state, refusing a move :data:`TRANSITIONS` does not allow."""
+        if new not in TRANSITIONS[self._state]:
+            raise SimulationError(f"request {self.id}: illegal state change "
+                                  f"{self._state.value} -> {new.value}")
+        self._state = new
 
     @property
     def context_tokens(self) -> int:

@@ -14,7 +14,7 @@ from simulator.engine.autoscaler import Autoscaler
 from simulator.engine.cluster import Cluster, TransferPlan
 from simulator.engine.faults import start_faults
 from simulator.engine.recorder import Recorder
-from simulator.engine.request import Request
+from simulator.engine.request import Request, State
 from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
@@ -68,7 +68,7 @@ class Simulation:
             # by the cluster (Cluster.submit).
             total = req.prompt_tokens + req.output_tokens
             if total > context:
-                req.status = "rejected"
+                req.move_to(State.REJECTED)
                 req.reason = (f"prompt+output {total} tokens exceed the model's maximum "
                               f"context ({context}); {VLLM_CONTEXT_RULE}")
                 recorder.requests.append(req)
@@ -107,7 +107,7 @@ class Simulation:
         for req in recorder.requests:
             if req.status not in {"completed", "rejected", "failed"}:
                 req.reason = req.reason or f"still {req.status} when the clock stopped"
-                req.status = "in_flight"
+                req.move_to(State.IN_FLIGHT)
         names = [s.name for s in plan.instances]
         pools = [s.pool for s in plan.instances]
         requests = add_latency_columns(recorder.requests_frame(names))

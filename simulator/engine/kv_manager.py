@@ -1,0 +1,123 @@
+"""KV management of one instance: block accounting plus the prefix-cache glue.
+
+:class:`KVManager` owns every KV field of a request on this instance (``blocks``,
+``cache_pins``, ``src_blocks``) and is the :class:`~simulator.engine.scheduler.base.KVLedger`
+the scheduler books through: admit a prompt (less its prefix-cache hit), grow a decode,
+free a preempted or finished request (its full prompt blocks stay cached), reserve KV for
+an incoming hand-off. Block counting itself is :class:`~simulator.engine.kv.BlockManager`,
+the cache :class:`~simulator.engine.prefix_cache.PrefixCache`.
+"""
+
+from __future__ import annotations
+
+from simulator.engine.kv import BlockManager
+from simulator.engine.prefix_cache import PrefixCache
+from simulator.engine.request import Request
+
+
+class KVManager:
+    __slots__ = ("block_size", "blocks", "cache")
+
+    def __init__(self, kv_blocks: int, block_size: int, cache: PrefixCache | None) -> None:
+        self.cache = cache
+        self.blocks = BlockManager(kv_blocks, block_size, cache)
+        self.block_size = block_size
+
+    # ----- reads -----------------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        return self.blocks.used
+
+    @property
+    def total(self) -> int:
+        return self.blocks.total
+
+    def blocks_for(self, tokens: int) -> int:
+        return self.blocks.blocks_for(tokens)
+
+    def can_allocate(self, blocks: int) -> bool:
+        return self.blocks.can_allocate(blocks)
+
+    def usable_hashes(self, req: Request) -> list[int]:
+        """Hash blocks of the prompt a cache hit may cover (at least one token is computed)."""
+        cache = self.cache
+        if cache is None or not req.block_hashes:
+            return []
+        limit = min(len(req.block_hashes), (req.prompt_tokens - 1) // cache.block_tokens)
+        return req.block_hashes[:limit]
+
+    def pinned_blocks(self, req: Request) -> int:
+        """KV blocks of ``req`` that the prefix cache owns (its pinned leading blocks)."""
+        return req.cache_pins * self.cache.blocks_per_entry if self.cache is not None else 0
+
+    def prefix_match_tokens(self, req: Request) -> int:
+        """Prompt tokens the prefix cache would spare ``req`` now."""
+        if self.cache is None:
+            return 0
+        return self.cache.match(self.usable_hashes(req)) * self.cache.block_tokens
+
+    # ----- the scheduler's ledger ----------------------------------------------------
+    def growth_need(self, req: Request, tokens: int) -> int:
+        return self.blocks.blocks_for(tokens) - req.blocks - self.pinned_blocks(req)
+
+    def grow(self, req: Request, blocks: int) -> None:
+        self.blocks.allocate(blocks)
+        req.blocks += blocks
+
+    def preempt(self, req: Request) -> None:
+        self.free_request(req, req.blocks)
+        req.blocks = 0
+
+    def admit(self, req: Request, target_tokens: int) -> int | None:
+        hit = 0
+        cache = self.cache
+        if cache is not None:
+            usable = self.usable_hashes(req)
+            hit = cache.match(usable)
+            cache.pin(usable[:hit])
+        need = self.blocks.blocks_for(target_tokens + 1)
+        if hit:
+            need = max(0, need - hit * cache.blocks_per_entry)  # type: ignore[union-attr]
+        if not self.blocks.can_allocate(need):
+            if hit:
+                cache.unpin(req.block_hashes[:hit])  # type: ignore[union-attr, index]
+            return None
+        self.blocks.allocate(need)
+        req.blocks = need
+        if cache is None:
+            return 0
+        req.cache_pins = hit
+        return hit * cache.block_tokens
+
+    # ----- freeing and hand-offs -------------------------------------------------------
+    def free_request(self, req: Request, owned: int) -> None:
+        """Give back a request's KV; with a prefix cache its full prompt blocks stay cached."""
+        cache = self.cache
+        if cache is None or not req.block_hashes:
+            self.blocks.release(owned)
+            return
+        pins = req.cache_pins
+        full = min(len(req.block_hashes), req.prompt_tokens // cache.block_tokens)
+        computed = req.block_hashes[pins:full]
+        kept = cache.insert(computed) * cache.blocks_per_entry
+        kept = min(kept, owned)
+        self.blocks.release(owned - kept)
+        cache.unpin(req.block_hashes[:pins])
+        req.cache_pins = 0
+
+    def can_reserve_for(self, req: Request) -> bool:
+        """Room for an incoming hand-off's KV (its context and the next token)."""
+        return self.blocks.can_allocate(self.blocks.blocks_for(req.context_tokens + 1))
+
+    def reserve(self, req: Request) -> None:
+        need = self.blocks.blocks_for(req.context_tokens + 1)
+        self.blocks.allocate(need)
+        req.blocks = need
+
+    def cancel(self, req: Request) -> None:
+        self.blocks.release(req.blocks)
+        req.blocks = 0
+
+    def reset(self) -> None:
+        """The device lost its memory."""
+        self.blocks.reset()

@@ -1,0 +1,308 @@
+"""The serving loop of one instance: schedule → predict → wait → apply.
+
+Each turn asks the scheduler policy for a step (:mod:`simulator.engine.scheduler`),
+applies its decisions (queues, states, events), asks the instance's step-time predictor
+how long the step takes, ``yield env.timeout(seconds)``, then applies the step's results.
+The role decides what happens when a prompt is prefilled: a colocated instance keeps
+decoding it, a prefill instance hands it to the cluster for a KV transfer.
+
+With ``pp > 1`` the step goes through the pipeline executor
+(:mod:`simulator.engine.pipeline`): the loop comes back as soon as stage 0 is free, and the
+batch's results are applied when it leaves the last stage. A decode-only batch that
+nothing can change is priced in one call and the clock jumps to its end
+(:mod:`simulator.engine.fast_forward`).
+
+:class:`ServingProcess` is the private half of :class:`~simulator.engine.instance.Instance`;
+the public, gated half (what the router, cluster and autoscaler read and change) is there.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+
+from simulator.cost.batch import BatchShape
+from simulator.cost.speculative import Acceptance
+from simulator.cost.step import InstanceCostModel, StepCost
+from simulator.engine.fast_forward import Jump, plan_jump
+from simulator.engine.kv_manager import KVManager
+from simulator.engine.lifecycle import Lifecycle
+from simulator.engine.pipeline import Pipeline
+from simulator.engine.request import Request, State
+from simulator.engine.scheduler import EngineLimits, Scheduler, SchedulerView
+
+if TYPE_CHECKING:
+    from simulator.engine.recorder import Recorder
+
+
+@dataclass(slots=True)
+class Batch:
+    chunks: list[tuple[Request, int]]
+    decodes: list[Request]
+    tokens: list[int] | None = None
+    """Tokens each decode advances (speculative decoding); None = one each."""
+
+
+class ServingProcess:
+    """The loop and the application of steps; the state is the instance's own."""
+
+    # Set by Instance.__init__.
+    env: simpy.Environment
+    index: int
+    name: str
+    role: str
+    cost: InstanceCostModel
+    recorder: Recorder
+    scheduler: Scheduler
+    pp: int
+    fast_forward: bool
+    emits_first_token: bool
+    on_prefill_start: Callable[[Any, Request], None] | None
+    process: simpy.Process
+    _kv: KVManager
+    _life: Lifecycle
+    _pipe: Pipeline
+    _limits: EngineLimits
+    _waiting: deque[Request]
+    _running: list[Request]
+    _held: dict[int, Request]
+    _queued_tokens: int
+    _accept: Acceptance | None
+    _accept_rng: np.random.Generator
+    _wake: simpy.Event | None
+    _revive: simpy.Event | None
+    _jump: Jump | None
+    _on_prefilled: Callable[[Any, Request], None]
+    _on_complete: Callable[[Any, Request], None]
+    _on_kv_freed: Callable[[Any], None]
+
+    def _wake_up(self) -> None:
+        if self._life.alive and self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # ----- the loop ------------------------------------------------------------------
+    def _run(self) -> Generator[simpy.Event, Any, None]:
+        while True:
+            try:
+                yield from self._serve()
+            except simpy.Interrupt as exc:
+                if exc.cause != "fail":
+                    raise
+            # Failed: nothing runs until recover() revives the instance.
+            self._jump = None
+            self._wake = None
+            self._revive = self.env.event()
+            yield self._revive
+
+    def _serve(self) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        while True:
+            if self._pipe.full:
+                # Every pipeline slot holds a micro-batch: wait for one to leave.
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            batch = self._schedule()
+            if batch is None:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            speed = self._life.speed
+            if (self.fast_forward and not batch.chunks and speed == 1.0
+                    and len(batch.decodes) == len(self._running)):
+                jump = plan_jump(batch.decodes, self._kv.blocks, self.cost,
+                                 self._kv.pinned_blocks, env.now, len(self._waiting),
+                                 len(self._running))
+                if jump is not None:
+                    yield from self._jump_over(jump)
+                    continue
+            shape = BatchShape.build(
+                ((n, r.prefilled, r.prefilled + n >= r.prefill_target) for r, n in batch.chunks),
+                (r.context_tokens for r in batch.decodes),
+            )
+            if self._accept is not None and batch.decodes:
+                drawn = self._accept.sample(self._accept_rng, len(batch.decodes))
+                batch.tokens = [min(int(n), r.output_tokens - r.generated)
+                                for n, r in zip(drawn, batch.decodes, strict=True)]
+            step = self.cost.step(shape)
+            start = env.now
+            if self.pp == 1:
+                seconds = step.seconds * speed
+                yield env.timeout(seconds)
+                self._record(start, seconds, seconds, shape, step,
+                             sum(batch.tokens) if batch.tokens is not None else None)
+                self._finish(batch, start)
+                continue
+            yield from self._pipeline(batch, shape, step)
+
+    # ----- pipeline parallel ---------------------------------------------------------
+    def _pipeline(self, batch: Batch, shape: BatchShape,
+                  step: StepCost) -> Generator[simpy.Event, Any, None]:
+        """Send ``batch`` through the stages; come back when stage 0 can take the next."""
+        env = self.env
+        start = env.now
+        for req, _ in batch.chunks:
+            req.in_flight = True
+        for req in batch.decodes:
+            req.in_flight = True
+        plan = self._pipe.enter(start, step.seconds, step.stage_seconds, self._life.speed)
+        epoch = self._life.epoch
+
+        def done(_e: simpy.Event) -> None:
+            if epoch != self._life.epoch:  # the instance failed while this batch was in flight
+                return
+            self._pipe.leave()
+            for req, _ in batch.chunks:
+                req.in_flight = False
+            for req in batch.decodes:
+                req.in_flight = False
+            self._record(start, plan.exit_s - start, plan.busy_s, shape, step)
+            self._finish(batch, start)
+            self._wake_up()
+
+        env.timeout(plan.exit_s - start).callbacks.append(done)
+        # The next micro-batch may enter once stage 0 is free (and a slot is, see _serve).
+        yield env.timeout(plan.first_stage_done - start)
+
+    # ----- decode fast-forward -------------------------------------------------------
+    def _jump_over(self, jump: Jump) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        self._jump = jump
+        done = jump.k
+        try:
+            yield env.timeout(jump.ends[-1] - jump.start)
+        except simpy.Interrupt as exc:
+            if exc.cause == "fail":
+                raise
+            # An outside write: finish the step that is running, then schedule again.
+            done = jump.steps_done_at_cut(env.now)
+            if jump.ends[done - 1] > env.now:
+                yield env.timeout(jump.ends[done - 1] - env.now)
+        self._jump = None
+        self._apply_jump(jump, done)
+
+    def _apply_jump(self, jump: Jump, done: int) -> None:
+        """Record the first ``done`` steps of ``jump`` and advance its sequences."""
+        finished = jump.apply(done, self._kv.blocks, self.recorder, self.index,
+                              len(self._waiting), len(self._running))
+        for r in finished:
+            r.generated = r.output_tokens
+            self._complete(r)
+
+    # ----- schedule: ask the policy, apply its decisions --------------------------------
+    def _schedule(self) -> Batch | None:
+        view = SchedulerView(self._waiting, self._running, len(self._held), self._kv,
+                             self._limits)
+        out = self.scheduler.schedule(view)
+        now = self.env.now
+        for req in out.preempted:
+            self._running.remove(req)
+            kept = req.blocks  # booked again if it was re-admitted in the same step
+            req.reset_for_recompute()
+            req.blocks = kept
+            req.move_to(State.QUEUED)
+            self._waiting.appendleft(req)
+            self._queued_tokens += req.prefill_target
+            self.recorder.event(now, "preempt", f"{self.name} request {req.id}")
+        for adm in out.admitted:
+            req = adm.request
+            if self._kv.cache is not None:
+                tokens = adm.cached_tokens
+                if req.prefill_start_s != req.prefill_start_s:  # first admission: the hit
+                    req.cached_tokens = tokens
+                    if tokens:
+                        full = self.cost.step(BatchShape.prefill(req.prompt_tokens)).seconds
+                        rest = self.cost.step(BatchShape.prefill(req.prompt_tokens, tokens))
+                        req.prefill_saved_s = full - rest.seconds
+                req.prefilled = tokens
+            head = self._waiting.popleft()
+            if head is not req:
+                raise AssertionError("an admission is not the queue head")
+            self._queued_tokens -= req.prefill_target
+            self._running.append(req)
+            req.move_to(State.PREFILL)
+            if req.prefill_start_s != req.prefill_start_s:  # NaN: first admission
+                req.prefill_start_s = now
+                if self.on_prefill_start is not None:
+                    self.on_prefill_start(self, req)
+        if out.empty:
+            return None
+        return Batch(out.chunks, out.decodes)
+
+    # ----- apply: results of a step ----------------------------------------------------
+    def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
+                step: StepCost, decode_tokens: int | None = None) -> None:
+        # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
+        self.recorder.step(
+            self.index, start, seconds, busy_s, shape.prefill_tokens, shape.prefill_seqs,
+            shape.decode_seqs, shape.decode_ctx_tokens, self._kv.used, self._kv.total,
+            len(self._waiting), len(self._running), step.bound, step.compute_s / self.pp,
+            step.memory_s / self.pp, decode_tokens,
+        )
+
+    def _finish(self, batch: Batch, start: float) -> None:
+        now = self.env.now
+        for i, req in enumerate(batch.decodes):
+            if req.status is not State.DECODE:
+                continue
+            if req.decode_start_s != req.decode_start_s:  # NaN: its first decode step
+                req.decode_start_s = start
+            before = req.generated
+            req.generated += batch.tokens[i] if batch.tokens is not None else 1
+            if before == 0 and req.first_token_s != req.first_token_s:
+                req.first_token_s = now  # decode_recompute: the decode side's first token
+            if before < 2 <= req.generated and req.second_token_s != req.second_token_s:
+                req.second_token_s = now  # (a speculative burst delivers both at once)
+            if req.done:
+                self._complete(req)
+        for req, n in batch.chunks:
+            if req.status is not State.PREFILL:
+                continue
+            req.prefilled += n
+            if req.prefilled < req.prefill_target:
+                continue
+            if req.prefill_end_s != req.prefill_end_s:  # NaN: the very first prefill
+                req.prefill_end_s = now
+                req.prefill_instance = self.index
+                if self._life.collect:
+                    self._life.ttft.append(now - req.arrival_s)
+            if self.emits_first_token:
+                req.generated += 1
+                # A colocated instance streams the token now; a prefill instance's token
+                # reaches the client with the KV (admit_transferred), or now if it was the
+                # only one.
+                if req.first_token_s != req.first_token_s and (
+                        self.role != "prefill" or req.done):
+                    req.first_token_s = now
+            if req.done:
+                self._complete(req)
+            elif self.role == "prefill":
+                self._running.remove(req)
+                self._held[req.id] = req
+                req.src_blocks, req.blocks = req.blocks, 0
+                req.move_to(State.TRANSFER)
+                self._on_prefilled(self, req)
+            else:
+                req.move_to(State.DECODE)
+                if req.decode_instance < 0:
+                    req.decode_instance = self.index
+
+    def _complete(self, req: Request) -> None:
+        if self._life.collect and req.generated > 1:
+            self._life.tpot.append((self.env.now - req.first_token_s) / (req.generated - 1))
+        self._running.remove(req)
+        self._kv.free_request(req, req.blocks)
+        req.blocks = 0
+        req.completion_s = self.env.now
+        req.move_to(State.COMPLETED)
+        if req.decode_instance < 0 and self.role != "prefill":
+            req.decode_instance = self.index
+        self._on_kv_freed(self)
+        self._on_complete(self, req)

@@ -1,0 +1,161 @@
+"""The scheduler seam: a pure policy from a view of one instance to the step it runs.
+
+``Scheduler.schedule(view) -> SchedulerOutput`` sees plain data — the waiting and running
+requests (read, never changed), the engine's limits and a :class:`KVLedger` — and returns
+the step: prefill chunks ``(request, tokens)``, decodes, preemptions and admissions. It
+imports neither SimPy nor the cost model nor the recorder, so a policy is tested by
+handing it requests and a :class:`PlainLedger`.
+
+KV is booked through the ledger while the policy decides, because a decision depends on
+what the decisions before it freed or took (a preemption frees blocks the next decode
+may grow into; an admission pins prefix-cache blocks the next one may share). On an
+instance the ledger is :class:`~simulator.engine.kv_manager.KVManager`, over the real
+block manager and prefix cache; in a unit test it is :class:`PlainLedger`. Everything
+else — moving requests between queues, changing their state, timestamps, events, the
+prefill time a cache hit saved — the instance does when it applies the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from simulator.engine.request import Request
+
+
+class KVLedger(Protocol):
+    """KV booking a policy may do while it decides one step."""
+
+    block_size: int
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold ``tokens`` tokens."""
+        ...
+
+    def can_allocate(self, blocks: int) -> bool:
+        """Whether ``blocks`` more blocks can be had now (free or evictable)."""
+        ...
+
+    def growth_need(self, req: Request, tokens: int) -> int:
+        """Blocks ``req`` lacks to hold ``tokens`` tokens (<= 0: none)."""
+        ...
+
+    def grow(self, req: Request, blocks: int) -> None:
+        """Give ``req`` ``blocks`` more blocks (``can_allocate`` said yes)."""
+        ...
+
+    def preempt(self, req: Request) -> None:
+        """Free every block ``req`` holds (recompute preemption)."""
+        ...
+
+    def admit(self, req: Request, target_tokens: int) -> int | None:
+        """Book the KV of a prompt of ``target_tokens`` tokens (+1 for the first output
+        token), less any prefix-cache hit; return the cached prompt tokens, or None if
+        it does not fit (nothing is booked then)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What bounds one step of one instance."""
+
+    max_num_seqs: int
+    """Most sequences in one step's batch."""
+    max_num_batched_tokens: int
+    """Most tokens (prefill chunk tokens + one per decode) in one step."""
+    max_running: int
+    """Most requests admitted at once (running + prefilled ones whose KV waits to leave)."""
+    lookahead: int = 0
+    """Extra KV slots a decode needs (speculative draft tokens)."""
+    decodes: bool = True
+    """False on a prefill instance: it never decodes."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerView:
+    """One instance as a policy sees it before a step."""
+
+    waiting: Sequence[Request]
+    """Queued requests, head first."""
+    running: Sequence[Request]
+    """Admitted requests (prefilling or decoding), oldest admission first."""
+    held: int
+    """Prefilled requests whose KV waits to be sent (they count toward ``max_running``)."""
+    kv: KVLedger
+    limits: EngineLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A waiting request that joins the running set this step."""
+
+    request: Request
+    cached_tokens: int
+    """Prompt tokens its prefix-cache hit spares (its prefill starts after them)."""
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The step a policy chose, in the order the instance applies it."""
+
+    chunks: list[tuple[Request, int]] = field(default_factory=list)
+    """Prefill chunks: (request, prompt tokens computed this step)."""
+    decodes: list[Request] = field(default_factory=list)
+    """Requests that decode this step."""
+    preempted: list[Request] = field(default_factory=list)
+    """Running requests whose KV was freed for recompute, in the order they were chosen."""
+    admitted: list[Admission] = field(default_factory=list)
+    """Waiting requests admitted, in queue order (the preempted ones go back to the head
+    of the queue first, so an admission may be a request preempted in the same step)."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks and not self.decodes
+
+
+class Scheduler(Protocol):
+    """A serving engine's batching policy."""
+
+    def schedule(self, view: SchedulerView) -> SchedulerOutput: ...
+
+
+@dataclass(slots=True)
+class PlainLedger:
+    """A ledger over plain numbers, for tests and for reasoning about a policy.
+
+    ``free`` blocks can be had; ``blocks`` maps a request id to the blocks it holds;
+    ``hits`` maps a request id to the prompt tokens a prefix cache would spare it.
+    """
+
+    free: int
+    block_size: int
+    blocks: dict[int, int] = field(default_factory=dict)
+    hits: dict[int, int] = field(default_factory=dict)
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def can_allocate(self, blocks: int) -> bool:
+        return blocks <= self.free
+
+    def growth_need(self, req: Request, tokens: int) -> int:
+        return self.blocks_for(tokens) - self.blocks.get(req.id, 0)
+
+    def grow(self, req: Request, blocks: int) -> None:
+        if blocks > self.free:
+            raise AssertionError(f"grow {blocks} with {self.free} free")
+        self.free -= blocks
+        self.blocks[req.id] = self.blocks.get(req.id, 0) + blocks
+
+    def preempt(self, req: Request) -> None:
+        self.free += self.blocks.pop(req.id, 0)
+
+    def admit(self, req: Request, target_tokens: int) -> int | None:
+        hit = self.hits.get(req.id, 0)
+        need = max(0, self.blocks_for(target_tokens + 1) - hit // self.block_size)
+        if need > self.free:
+            return None
+        self.free -= need
+        self.blocks[req.id] = need
+        return hit
