@@ -23,6 +23,7 @@ from simulator.engine.instance import Instance
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
 from simulator.engine.router import POLICIES, RouterState
+from simulator.engine.tier_io import TierRoute
 
 Role = Literal["colocated", "prefill", "decode"]
 
@@ -54,6 +55,8 @@ class InstanceSpec:
     (``forwarded_after_transfer``) or the decode side recomputes it (``decode_recompute``)."""
     speculative: Acceptance | None = None
     """Tokens a decoding sequence advances per step under speculative decoding / MTP."""
+    tiers: tuple[TierRoute, ...] = ()
+    """KV tiers below HBM, fastest first (``scheduler.kv_tiers``)."""
 
 
 @dataclass

@@ -179,6 +179,35 @@ class WorkloadSpec(Spec):
         return self
 
 
+# ----- KV tiers ----------------------------------------------------------------------
+TierKind = Literal["dram", "ssd", "remote"]
+
+
+class KvTierSpec(Spec):
+    """One KV tier below HBM (see docs/kv_tiers.md for the figures and their sources)."""
+
+    kind: TierKind = Field(description=(
+        "`dram`: pinned host memory of the instance's node, reached over each GPU's host "
+        "link (PCIe); `ssd`: local NVMe of the node; `remote`: a pool shared by the whole "
+        "cluster (Mooncake Store / LMCache server), reached over each GPU's scale-out NIC."))
+    capacity_gib: float = Field(gt=0, description=(
+        "KV this tier holds, GiB: per instance for `dram` and `ssd`, for the whole cluster "
+        "for `remote` (every pool that lists a `remote` tier shares the same pool)."))
+    read_gb_per_s: float | None = Field(None, gt=0, description=(
+        "Rate this tier serves loads at, GB/s, for one instance (`remote`: for the whole "
+        "pool). Empty: `dram` and `remote` are limited only by the GPUs' host links / "
+        "NICs on the fabric; `ssd` reads 6.9 GB/s (one PCIe Gen4 U.2 drive, Kioxia CM6-R "
+        "datasheet sequential read; DGX H100 carries 8 such data drives)."))
+    write_gb_per_s: float | None = Field(None, gt=0, description=(
+        "Rate this tier absorbs offloads at, GB/s; empty as for reads (`ssd`: 4.2 GB/s, "
+        "the same datasheet's sequential write)."))
+    latency_us: float | None = Field(None, ge=0, description=(
+        "Fixed time of one load before its bytes flow, microseconds. Empty: 10 (`dram`, "
+        "a cudaMemcpyAsync launch and completion), 100 (`ssd`, NVMe read latency class "
+        "of the datasheet), 20 (`remote`, an RDMA read round trip plus the pool's "
+        "metadata lookup); the last two are assumptions, not measurements."))
+
+
 # ----- scheduler ---------------------------------------------------------------------
 class SchedulerSpec(Spec):
     """vLLM-style continuous batching of one instance."""
@@ -198,6 +227,22 @@ class SchedulerSpec(Spec):
     preemption: Literal["recompute"] = Field("recompute", description=(
         "What happens to a sequence evicted for lack of KV: its KV is dropped and it is "
         "prefilled again."))
+    kv_tiers: list[KvTierSpec] = Field(default_factory=list, description=(
+        "KV tiers below HBM, fastest first (`dram`, then `ssd`, then `remote`): blocks the "
+        "prefix cache evicts are offloaded to them and loaded back on a prefix hit instead "
+        "of recomputed (vLLM's KV offloading connector, LMCache). Needs prefix_caching."))
+
+    @model_validator(mode="after")
+    def _tiers(self) -> SchedulerSpec:
+        kinds = [t.kind for t in self.kv_tiers]
+        if kinds and not self.prefix_caching:
+            raise ValueError("kv_tiers needs prefix_caching: true (tiers hold prefix-cache "
+                             "blocks the HBM cache evicts)")
+        order = ["dram", "ssd", "remote"]
+        if kinds != sorted(kinds, key=order.index) or len(set(kinds)) != len(kinds):
+            raise ValueError(f"kv_tiers kinds {kinds}: each kind at most once, in the order "
+                             "dram, ssd, remote")
+        return self
 
 
 RoutingPolicy = Literal[
