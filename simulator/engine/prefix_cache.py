@@ -29,7 +29,7 @@ class Below(Protocol):
 
 
 class PrefixCache:
-    __slots__ = ("block_tokens", "blocks_per_entry", "entries", "below", "pinned")
+    __slots__ = ("below", "block_tokens", "blocks_per_entry", "entries", "pinned")
 
     def __init__(self, block_tokens: int, kv_block_size: int) -> None:
         self.block_tokens = block_tokens
