@@ -156,6 +156,21 @@ class SharedPrefix(Spec):
     fraction: float = Field(1.0, ge=0, le=1, description="Share of requests that carry one.")
 
 
+class SessionSpec(Spec):
+    """Multi-turn conversations (chat sessions): each arrival starts one.
+
+    Turn k's prompt is every earlier turn's prompt and reply plus a new user message
+    (``input_tokens``); its reply is ``output_tokens`` long. The conversation's hash
+    blocks are chained from its first token, so a turn can reuse the KV of its own
+    history, as vLLM's block hashes (each block's hash covers its parent's) allow.
+    """
+
+    turns: Length = Field(description="Turns per session.")
+    think_time_s: float = Field(0.0, ge=0, description=(
+        "Mean time between a reply's last token and the next turn (exponential); 0 = "
+        "the next turn follows at once."))
+
+
 class WorkloadSpec(Spec):
     arrival: Arrival = Field(description="How requests arrive.")
     input_tokens: Length | None = Field(None, description="Prompt lengths (not for traces).")
@@ -163,6 +178,10 @@ class WorkloadSpec(Spec):
     num_requests: int | None = Field(None, gt=0, description="Stop after this many requests.")
     duration_s: float | None = Field(None, gt=0, description="Stop issuing after this time.")
     shared_prefix: SharedPrefix | None = Field(None, description="Optional shared prefixes.")
+    sessions: SessionSpec | None = Field(None, description=(
+        "Multi-turn conversations: the arrival process starts sessions, each issues its "
+        "turns one after another; `num_requests` bounds the turns of all sessions, "
+        "`duration_s` the session starts."))
     prefix_block_tokens: int = Field(512, gt=0, description=(
         "Tokens per prefix hash block (Mooncake traces: 512); prefix caching reuses whole "
         "blocks."))
@@ -176,6 +195,13 @@ class WorkloadSpec(Spec):
             raise ValueError("bound the workload with num_requests or duration_s")
         if self.arrival.kind in {"all_at_once", "closed_loop"} and self.num_requests is None:
             raise ValueError(f"a {self.arrival.kind} workload needs num_requests")
+        if self.sessions is not None:
+            if self.arrival.kind in {"trace", "closed_loop"}:
+                raise ValueError(f"sessions start from an open-loop arrival process, not "
+                                 f"{self.arrival.kind} (a trace carries its own hash ids)")
+            if self.shared_prefix is not None:
+                raise ValueError("sessions and shared_prefix cannot be combined: a session's "
+                                 "hash chain starts at its first token")
         return self
 
 

@@ -27,7 +27,8 @@ from simulator.runner.result import RunResult
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
 
-STREAMS = ("arrival", "input", "output", "prefix", "routing", "faults", "speculation")
+STREAMS = ("arrival", "input", "output", "prefix", "routing", "faults", "speculation",
+           "session")
 
 
 def spawn_rngs(seed: int) -> dict[str, np.random.Generator]:
