@@ -18,6 +18,7 @@ from simulator.cost.batch import BatchShape
 from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import RouterSpec, SchedulerSpec
+from simulator.engine.disagg_router import ConditionalRouter
 from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, TransferPath
 from simulator.engine.instance import Instance
 from simulator.engine.recorder import Recorder
@@ -115,6 +116,9 @@ class Cluster:
         self.retries = 0
         self._entry_policy = POLICIES[self.router.policy]
         self._decode_policy = POLICIES[self.router.decode_policy]
+        self._conditional = (ConditionalRouter(self.router.conditional, self._entry_policy,
+                                               self.router_state)
+                             if self.router.conditional is not None else None)
 
     # ----- arrivals ------------------------------------------------------------------
 
@@ -148,12 +152,29 @@ class Cluster:
                 return
         else:
             candidates = [x for x in self.entry if x.accepting and x.can_ever_hold(req)]
+        if self._conditional is not None and self._route_local(req, candidates):
+            return
         if not candidates:  # every entry instance is down or off: wait for one
             req.move_to(State.QUEUED)
             self.pending_entry.append(req)
             return
         inst = self._entry_policy(candidates, req, self.router_state, "entry")
         inst.enqueue(req)  # type: ignore[attr-defined]
+
+    def _route_local(self, req: Request, entry: list[Instance]) -> bool:
+        """Conditional disaggregation (engine/disagg_router.py): enqueue ``req`` where it
+        is to be prefilled, on a decode instance or a chosen prefill instance; False
+        leaves the choice of a prefill instance to the entry policy."""
+        local = [d for d in self.decoders if d.accepting and d.can_ever_hold(req)]
+        if not local:
+            return False
+        queue = len(self.pending_entry) + sum(x.num_waiting for x in self.entry)
+        assert self._conditional is not None
+        where = self._conditional.place(req, local, entry, queue, self._path)
+        if where is None:
+            return False
+        where.enqueue(req)
+        return True
 
     def _pull(self, inst: Instance) -> None:
         """Central queue: hand waiting requests to ``inst`` while it has free slots."""

@@ -277,6 +277,31 @@ RoutingPolicy = Literal[
 ]
 
 
+class ConditionalDisaggregation(Spec):
+    """Per-request choice between prefilling on the decode instance and remotely.
+
+    As Dynamo's disaggregated router decides it (ai-dynamo/dynamo v0.1,
+    ``examples/python_rs/llm/vllm_nixl/router/disagg_router.py`` and the Rust
+    ``DisaggregatedRouter::prefill_remote``): remote only when the prompt's tokens after
+    its prefix hit exceed ``max_local_prefill_length`` and the prefill queue is shorter
+    than ``max_prefill_queue_size``; otherwise the decode instance prefills it itself.
+    """
+
+    policy: Literal["threshold", "expected_ttft"] = Field("threshold", description=(
+        "`threshold`: Dynamo's rule on the two limits below; `expected_ttft`: prefill "
+        "where the expected time to the first token is lower (queued prefill work + the "
+        "prompt's prefill, plus the hand-off for the remote path, priced by the cost "
+        "model)."))
+    max_local_prefill_length: int = Field(1000, ge=0, description=(
+        "Prompt tokens left after the decode side's prefix hit up to which the decode "
+        "instance prefills locally (Dynamo's `max_local_prefill_length`, default 1000). "
+        "0 = always remote (the prefill queue permitting)."))
+    max_prefill_queue_size: int | None = Field(None, ge=0, description=(
+        "Requests waiting for a prefill instance at and above which a prompt is "
+        "prefilled locally whatever its length (Dynamo's `max_prefill_queue_size`); empty "
+        "= no limit."))
+
+
 class RouterSpec(Spec):
     policy: RoutingPolicy = Field("least_outstanding", description=(
         "How a new request picks a colocated or prefill instance."))
@@ -287,6 +312,16 @@ class RouterSpec(Spec):
         "`central_queue`: requests wait in one FIFO at the router and go to an instance "
         "only when it has a free sequence slot (a global scheduler; `policy` picks among "
         "instances with room)."))
+    conditional: ConditionalDisaggregation | None = Field(None, description=(
+        "P/D clusters: decide per request whether to prefill remotely or on the decode "
+        "instance (empty: every request is prefilled remotely)."))
+
+    @model_validator(mode="after")
+    def _conditional_push(self) -> RouterSpec:
+        if self.conditional is not None and self.dispatch == "central_queue":
+            raise ValueError("conditional disaggregation decides at arrival: use dispatch: "
+                             "push")
+        return self
 
 
 # ----- faults ------------------------------------------------------------------------
