@@ -273,8 +273,31 @@ class SchedulerSpec(Spec):
 
 RoutingPolicy = Literal[
     "round_robin", "least_outstanding", "least_tokens", "power_of_two", "least_kv", "random",
-    "prefix_affinity",
+    "prefix_affinity", "kv_aware",
 ]
+
+
+class KvRouterSpec(Spec):
+    """Settings of the `kv_aware` policy (Dynamo's KV router, llm-d's prefix scorers)."""
+
+    kv_overlap_score_weight: float = Field(1.0, ge=0, description=(
+        "Weight of the prompt's uncached tokens against the instance's load (Dynamo "
+        "`--kv-overlap-score-weight`, default 1): 0 routes on load alone."))
+    temperature: float = Field(0.0, ge=0, description=(
+        "0: the cheapest instance; > 0: sample with softmax(-cost / temperature) of the "
+        "normalised costs (Dynamo `--router-temperature`)."))
+    knowledge: Literal["exact", "approximate"] = Field("exact", description=(
+        "`exact`: the router sees each instance's prefix cache (KV events); "
+        "`approximate`: it guesses from the prompts it routed (Dynamo `--no-kv-events`, "
+        "llm-d's approximate prefix-cache scorer)."))
+    approximate_ttl_s: float = Field(120.0, gt=0, description=(
+        "Approximate knowledge: how long a routed prompt's blocks count as cached there "
+        "(Dynamo's default 120 s)."))
+    hash_sample: int = Field(1, ge=1, description=(
+        "Approximate knowledge: record only every k-th hash block of a prompt."))
+    staleness_s: float = Field(0.0, ge=0, description=(
+        "Age the load view may reach before it is refreshed (a metrics scrape interval); "
+        "0 = always current."))
 
 
 class ConditionalDisaggregation(Spec):
@@ -312,6 +335,8 @@ class RouterSpec(Spec):
         "`central_queue`: requests wait in one FIFO at the router and go to an instance "
         "only when it has a free sequence slot (a global scheduler; `policy` picks among "
         "instances with room)."))
+    kv_router: KvRouterSpec = Field(default_factory=KvRouterSpec, description=(  # type: ignore[arg-type]
+        "Settings of the `kv_aware` policy."))
     conditional: ConditionalDisaggregation | None = Field(None, description=(
         "P/D clusters: decide per request whether to prefill remotely or on the decode "
         "instance (empty: every request is prefilled remotely)."))

@@ -13,6 +13,7 @@ from simulator.cost.predictor import predictor_summary
 from simulator.engine.autoscaler import Autoscaler
 from simulator.engine.cluster import Cluster, TransferPlan
 from simulator.engine.faults import start_faults
+from simulator.engine.kv_router import KvRouterState
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
 from simulator.engine.router import RouterState
@@ -58,7 +59,12 @@ class Simulation:
         recorder = Recorder()
         transfer = TransferPlan(sc.cluster.kv_transfer.mode, plan.transfer_path,
                                 plan.model.num_layers)
-        cluster = Cluster(env, plan.instances, sc.cluster.router, RouterState(rngs["routing"]),
+        router = sc.cluster.router
+        state = (KvRouterState(rngs["routing"], router.kv_router,
+                               sc.workload.prefix_block_tokens, lambda: env.now)
+                 if "kv_aware" in (router.policy, router.decode_policy)
+                 else RouterState(rngs["routing"]))
+        cluster = Cluster(env, plan.instances, router, state,
                           recorder, transfer, fast_forward=sc.simulation.fast_forward,
                           prefix_block_tokens=sc.workload.prefix_block_tokens,
                           speculation_rng=rngs["speculation"])
