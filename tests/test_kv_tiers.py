@@ -32,12 +32,14 @@ def test_a_load_moves_a_private_block_up_and_the_shared_pool_keeps_its_copy() ->
     pool = TierStore("remote", 8)
     a = TierStack([TierStore("dram", 1)], shared=pool)
     b = TierStack([TierStore("dram", 1)], shared=pool)
-    a.offload([1, 2])  # 2 pushes 1 out of a's DRAM into the shared pool
+    a.offload([1, 2])  # both written through to the pool; 2 pushes 1 out of a's DRAM
     assert a.holders(1) == ["remote"]
-    assert a.holders(2) == ["dram"]
+    assert a.holders(2) == ["dram", "remote"]
+    assert a.counters.writes == {"dram": 2, "ssd": 0, "remote": 2}
+    assert a.counters.dropped == 1
     assert b.lookup([1]) == ["remote"]  # b reads what a wrote
     assert a.take([2, 1]) == {"dram": 1, "remote": 1}
-    assert a.holders(2) == []
+    assert a.holders(2) == ["remote"]  # the pool keeps its copy; a's DRAM gave its up
     assert 1 in pool
     assert a.counters.loads == {"dram": 1, "ssd": 0, "remote": 1}
 

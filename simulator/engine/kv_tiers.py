@@ -4,8 +4,10 @@ The HBM prefix cache (:mod:`simulator.engine.prefix_cache`) holds hash blocks of
 finished prompts in device memory. With tiers configured, a block the HBM cache evicts
 is not dropped but offloaded to the first lower tier; a tier that is full pushes its
 least-recently-used block down to the next one, and the last private tier's overflow
-goes to the shared pool if there is one, else it is dropped. A prompt whose leading
-blocks are found below HBM loads them back instead of recomputing them.
+is dropped. The shared pool, when there is one, is written through: every block HBM
+evicts is also put there (LMCache stores to each of its backends, Mooncake Store
+receives every block its clients put), so other instances can find it. A prompt whose
+leading blocks are found below HBM loads them back instead of recomputing them.
 
 This follows vLLM's KV offloading connector (``vllm/v1/kv_offload/``, v0.11:
 ``OffloadingConnector`` with the CPU backend, ``--kv-offloading-backend native
@@ -82,7 +84,7 @@ class TierCounters:
     writes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIER_NAMES, 0))
     """Blocks written into this tier (offloads from above)."""
     dropped: int = 0
-    """Blocks that fell off the last tier (gone for good)."""
+    """Blocks that fell off the last private tier (gone from this instance's tiers)."""
     discarded: int = 0
     """Private-tier copies dropped because HBM computed the block again."""
 
@@ -114,16 +116,21 @@ class TierStack:
         """
         written: dict[str, int] = {}
         counters = self.counters
+        shared = self.shared
         for h in hashes:
+            if shared is not None:
+                if h in shared:
+                    shared.touch(h)  # the pool has it already: nothing to write
+                else:
+                    written[shared.name] = written.get(shared.name, 0) + 1
+                    counters.writes[shared.name] += 1
+                    shared.put(h)  # what the pool pushes out is gone for good
             moving = [h]
-            for level in self.levels:
+            for level in self.private:
                 if not moving:
                     break
                 pushed: list[int] = []
                 for x in moving:
-                    if level is self.shared and x in level:
-                        level.touch(x)  # the pool already has it: nothing to write
-                        continue
                     written[level.name] = written.get(level.name, 0) + 1
                     counters.writes[level.name] += 1
                     pushed.extend(level.put(x))
