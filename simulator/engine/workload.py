@@ -226,7 +226,9 @@ class Workload:
                 yield env.timeout(t - env.now)
             req = self._make(env.now, int(ins[i]), int(outs[i]))
             if hashes is not None:
-                req.block_hashes = hashes[i]
+                # Only full blocks: a trace's last id names a partly filled prompt block,
+                # which the reply's tokens would fill with content the id does not cover.
+                req.block_hashes = hashes[i][: req.prompt_tokens // self.spec.prefix_block_tokens]
             self.submit(req)
 
     # ----- closed loop -----------------------------------------------------------------
