@@ -1,6 +1,6 @@
 """A KV-aware router: prefix overlap against load, with the knowledge a real router has.
 
-Modelled on Dynamo's KV router (ai-dynamo/dynamo v0.4, ``docs/architecture/kv_cache_routing.md``
+Modelled on Dynamo's KV router (v0.4: ``ai-dynamo/dynamo:docs/architecture/kv_cache_routing.md``
 and ``lib/llm/src/kv_router/scheduler.rs``): each candidate's cost is
 
     cost = kv_overlap_score_weight x (prompt blocks it would have to prefill)

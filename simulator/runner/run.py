@@ -19,7 +19,12 @@ from simulator.engine.request import Request, State
 from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
-from simulator.metrics.summary import add_latency_columns, summarize
+from simulator.metrics.summary import (
+    add_latency_columns,
+    local_prefill_share,
+    summarize,
+    tier_summary,
+)
 from simulator.runner.budget import check_budget, estimate_run
 from simulator.runner.build import ClusterPlan, build_plan, with_resolved_precision
 from simulator.runner.checks import VLLM_CONTEXT_RULE, check_context
@@ -138,6 +143,12 @@ class Simulation:
                                         "generated_tokens"].sum())
         summary.update(powered_cost_summary(powered, out_tokens))
         summary["retries"] = cluster.retries
+        if any(spec.tiers for spec in plan.instances) or any(
+                p.spec.scheduler.prefix_caching and p.spec.role == "decode" for p in plan.pools):
+            summary.update(tier_summary(measured))
+            summary.update(cluster.tiers.summary())
+        if sc.cluster.router.conditional is not None:
+            summary["local_prefill_share"] = local_prefill_share(measured)
         if workload.trace is not None:
             summary["trace_rows_skipped"] = sum(workload.trace.skipped.values())
         summary.update(predictor_summary([spec.cost for spec in plan.instances]))
