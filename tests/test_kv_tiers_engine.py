@@ -100,3 +100,17 @@ def test_a_decode_side_prefix_hit_pulls_only_the_missing_blocks() -> None:
     assert on.transfers["bytes"].sum() < 0.6 * off.transfers["bytes"].sum()
     assert on.summary["handoff_tokens_saved"] == int(t["decode_cached_tokens"].sum())
     assert on.summary["completed"] == off.summary["completed"] == 240
+
+
+def test_fast_forward_is_exact_with_a_shared_pool_between_colocated_instances() -> None:
+    # Small HBM: decode jumps grow KV and evict prefix blocks into the pool, which the
+    # other instance reads; those evictions must be booked before any pool lookup.
+    tiers = [{"kind": "remote", "capacity_gib": 200}]
+    sc = chat(tiers, util=0.25, **{"cluster.pools.main.instances": 2,
+                                   "cluster.router": {"policy": "round_robin"}})
+    fast = run(sc)
+    slow = run(sc.with_(**{"simulation.fast_forward": False}))
+    assert_same_requests(fast.requests, slow.requests)
+    assert_same_steps(fast.steps, slow.steps)
+    assert list(fast.requests["remote_hit_tokens"]) == list(slow.requests["remote_hit_tokens"])
+    assert fast.summary["hit_rate_remote"] > 0

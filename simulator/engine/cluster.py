@@ -105,6 +105,7 @@ class Cluster:
             for inst in self.instances:
                 if inst.role == "prefill":
                     inst.on_prefill_start = self._prefill_started
+        self.tiers.bind(self.instances)
         self.by_name = {x.name: x for x in self.instances}
         self.entry = [x for x in self.instances if x.role in ("colocated", "prefill")]
         self.decoders = [x for x in self.instances if x.role == "decode"]

@@ -40,6 +40,7 @@ class TierLoader:
         self.reroute = reroute
         shared: TierStore | None = None
         self.io: dict[int, TierIO] = {}
+        self.sharers: list[Instance] = []
         for i, routes in enumerate(tiers):
             if not routes:
                 continue
@@ -59,6 +60,12 @@ class TierLoader:
         b = self.block_tokens
         usable = req.block_hashes[:min(len(req.block_hashes), (req.prompt_tokens - 1) // b)]
         hit = inst.prefix_match_tokens(req) // b
+        if io.stack.shared is not None:
+            # The shared pool is written by every instance's evictions, and an instance in
+            # a decode jump books them lazily: bring each writer up to date (its gate does)
+            # before reading the pool, as step-by-step simulation would have them.
+            for other in self.sharers:
+                _ = other.kv_load
         found = io.lookup(usable[hit:])
         if not found:
             inst.enqueue(req)
@@ -83,6 +90,11 @@ class TierLoader:
             inst.enqueue(req)
         else:  # the instance went away (or a link died): its loaded blocks are lost
             self.reroute(req)
+
+    def bind(self, instances: list[Instance]) -> None:
+        """The cluster's instances, built after this loader; those sharing the pool."""
+        self.sharers = [x for x in instances
+                        if (io := self.io.get(x.index)) is not None and io.stack.shared is not None]
 
     def summary(self) -> dict[str, float]:
         """Bytes read from and written to each tier, over every instance."""
