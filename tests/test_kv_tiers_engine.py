@@ -114,3 +114,38 @@ def test_fast_forward_is_exact_with_a_shared_pool_between_colocated_instances() 
     assert_same_steps(fast.steps, slow.steps)
     assert list(fast.requests["remote_hit_tokens"]) == list(slow.requests["remote_hit_tokens"])
     assert fast.summary["hit_rate_remote"] > 0
+
+
+@pytest.mark.parametrize(("tiers", "caching", "expect"), [
+    ([{"kind": "ssd", "capacity_gib": 10}, {"kind": "dram", "capacity_gib": 10}], True,
+     "in the order dram, ssd, remote"),
+    ([{"kind": "dram", "capacity_gib": 10}], False, "kv_tiers needs prefix_caching"),
+    ([{"kind": "dram", "capacity_gib": 1e-4}], True, "holds no 256-token block"),
+])
+def test_bad_tiers_are_refused_with_the_key(tiers, caching, expect) -> None:
+    from simulator import Simulation
+    from simulator.errors import ConfigError
+
+    def build() -> None:
+        sc = make_scenario(**{**CHAT, "cluster.pools.main.scheduler": {
+            "prefix_caching": caching, "kv_tiers": tiers}})
+        Simulation(sc)
+
+    with pytest.raises(ConfigError, match=expect) as exc:
+        build()
+    assert "scheduler" in (exc.value.key or "") or "scheduler" in str(exc.value)
+
+
+def test_pools_disagreeing_on_the_shared_pool_size_are_refused() -> None:
+    from simulator import Simulation
+    from simulator.errors import ConfigError
+
+    def pool(name: str, role: str, gib: float) -> dict:
+        return {"name": name, "role": role, "device": "H100-SXM",
+                "scheduler": {"prefix_caching": True,
+                              "kv_tiers": [{"kind": "remote", "capacity_gib": gib}]}}
+
+    sc = make_scenario(**{**CHAT, "cluster.pools": [pool("p", "prefill", 100),
+                                                    pool("d", "decode", 200)]})
+    with pytest.raises(ConfigError, match="one pool"):
+        Simulation(sc)
