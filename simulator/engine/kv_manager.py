@@ -3,9 +3,11 @@
 :class:`KVManager` owns every KV field of a request on this instance (``blocks``,
 ``cache_pins``, ``src_blocks``) and is the :class:`~simulator.engine.scheduler.base.KVLedger`
 the scheduler books through: admit a prompt (less its prefix-cache hit), grow a decode,
-free a preempted or finished request (its full prompt blocks stay cached), reserve KV for
-an incoming hand-off. Block counting itself is :class:`~simulator.engine.kv.BlockManager`,
-the cache :class:`~simulator.engine.prefix_cache.PrefixCache`.
+free a preempted or finished request (its full prompt and reply blocks stay cached),
+reserve KV for an incoming hand-off (pinning the leading blocks a decode-side prefix
+cache already holds), stage blocks loaded from a lower KV tier. Block counting itself is
+:class:`~simulator.engine.kv.BlockManager`, the cache
+:class:`~simulator.engine.prefix_cache.PrefixCache`.
 """
 
 from __future__ import annotations
