@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from simulator.cost.disagg import handoff_s, prefer_local, prefill_wait_s
-from simulator.engine.config import ConditionalDisaggregation
 from simulator.engine.fabric import TransferPath
+from simulator.engine.kv_config import ConditionalDisaggregation
 from simulator.engine.request import Request
 from simulator.engine.router import Policy, RouterState
 

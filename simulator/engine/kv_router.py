@@ -35,7 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
-from simulator.engine.config import KvRouterSpec
+from simulator.engine.kv_config import KvRouterSpec
 from simulator.engine.request import Request
 from simulator.engine.router import Routable, RouterState
 

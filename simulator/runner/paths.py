@@ -18,8 +18,8 @@ bandwidth, whichever instances are at either end:
 
 from __future__ import annotations
 
-from simulator.engine.config import KvTierSpec
 from simulator.engine.fabric import ResourceSpec, TransferPath
+from simulator.engine.kv_config import KvTierSpec
 from simulator.engine.tier_io import TierRoute
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.hardware.registry import load_link
