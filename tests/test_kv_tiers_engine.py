@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from simulator import run
 from tests.conftest import make_scenario
@@ -149,3 +151,41 @@ def test_pools_disagreeing_on_the_shared_pool_size_are_refused() -> None:
                                                     pool("d", "decode", 200)]})
     with pytest.raises(ConfigError, match="one pool"):
         Simulation(sc)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(util=st.sampled_from([0.24, 0.3, 0.5]), dram_gib=st.sampled_from([1.0, 5.0, 50.0]),
+       ssd=st.booleans(), remote=st.booleans(), disagg=st.booleans(),
+       local=st.sampled_from([None, 0, 600, 10**6]), fault=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_fast_forward_is_exact_across_tier_layouts(util, dram_gib, ssd, remote, disagg, local,
+                                                   fault, seed) -> None:
+    tiers: list[dict] = [{"kind": "dram", "capacity_gib": dram_gib}]
+    if ssd:
+        tiers.append({"kind": "ssd", "capacity_gib": 100})
+    if remote:
+        tiers.append({"kind": "remote", "capacity_gib": 20})
+    sched = {"prefix_caching": True, "memory_utilization": util, "kv_tiers": tiers}
+    if disagg:
+        pools = [{"name": "p", "role": "prefill", "device": "H100-SXM", "scheduler": sched},
+                 {"name": "d", "role": "decode", "device": "H100-SXM", "instances": 2,
+                  "scheduler": sched}]
+        router = {"conditional": {"max_local_prefill_length": local}} if local is not None else {}
+        target = "d/0"
+    else:
+        pools = [{"name": "main", "role": "colocated", "device": "H100-SXM", "instances": 2,
+                  "scheduler": sched}]
+        router = {"policy": "kv_aware"}
+        target = "main/0"
+    faults = ([{"kind": "instance_failure", "target": target, "at_s": 30.0, "duration_s": 20.0}]
+              if fault else [])
+    sc = make_scenario(**{**CHAT, "workload.num_requests": 120, "seed": seed,
+                          "cluster.pools": pools, "cluster.router": router, "faults": faults})
+    fast = run(sc)
+    slow = run(sc.with_(**{"simulation.fast_forward": False}))
+    assert_same_requests(fast.requests, slow.requests)
+    assert_same_steps(fast.steps, slow.steps)
+    for col in ("dram_hit_tokens", "ssd_hit_tokens", "remote_hit_tokens",
+                "decode_cached_tokens"):
+        assert list(fast.requests[col]) == list(slow.requests[col]), col
