@@ -13,6 +13,9 @@ _GROUPS = (
     ("Throughput", ("duration_s", "request_throughput", "input_token_throughput",
                     "output_token_throughput", "total_token_throughput")),
     ("SLO", ("slo_attainment", "goodput", "goodput_per_device")),
+    ("KV cache", ("prefix_hit_rate", "hit_rate_hbm", "hit_rate_dram", "hit_rate_ssd",
+                  "hit_rate_remote", "kv_load_seconds", "ttft_seconds_saved",
+                  "handoff_tokens_saved", "local_prefill_share")),
 )
 
 

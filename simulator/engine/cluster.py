@@ -18,11 +18,14 @@ from simulator.cost.batch import BatchShape
 from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import RouterSpec, SchedulerSpec
+from simulator.engine.disagg_router import ConditionalRouter
 from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, TransferPath
 from simulator.engine.instance import Instance
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
 from simulator.engine.router import POLICIES, RouterState
+from simulator.engine.tier_io import TierRoute
+from simulator.engine.tier_loads import TierLoader
 
 Role = Literal["colocated", "prefill", "decode"]
 
@@ -54,6 +57,8 @@ class InstanceSpec:
     (``forwarded_after_transfer``) or the decode side recomputes it (``decode_recompute``)."""
     speculative: Acceptance | None = None
     """Tokens a decoding sequence advances per step under speculative decoding / MTP."""
+    tiers: tuple[TierRoute, ...] = ()
+    """KV tiers below HBM, fastest first (``scheduler.kv_tiers``)."""
 
 
 @dataclass
@@ -79,6 +84,9 @@ class Cluster:
     """Draws accepted tokens per step; each speculative instance gets its own child."""
 
     def __post_init__(self) -> None:
+        self.fabric = Fabric(self.env)
+        self.tiers = TierLoader(self.env, self.fabric, [s.tiers for s in self.specs],
+                                self.prefix_block_tokens, self._route)
         self.instances: list[Instance] = []
         for i, spec in enumerate(self.specs):
             inst = Instance(
@@ -89,6 +97,7 @@ class Cluster:
                 speculative=spec.speculative,
                 speculation_rng=self._child_rng() if spec.speculative is not None else None,
             )
+            inst.attach_tiers(self.tiers.below(i))
             if not spec.active:
                 inst.switch_off()
             self.instances.append(inst)
@@ -96,13 +105,13 @@ class Cluster:
             for inst in self.instances:
                 if inst.role == "prefill":
                     inst.on_prefill_start = self._prefill_started
+        self.tiers.bind(self.instances)
         self.by_name = {x.name: x for x in self.instances}
         self.entry = [x for x in self.instances if x.role in ("colocated", "prefill")]
         self.decoders = [x for x in self.instances if x.role == "decode"]
         self.pending_decode: deque[tuple[Request, Instance]] = deque()
         self.pending_entry: deque[Request] = deque()
         self.in_transfer: dict[int, tuple[Instance, Instance]] = {}
-        self.fabric = Fabric(self.env)
         self.link_labels: dict[str, int] = {}
         # Flows carrying each request's KV now; a layer-wise stream opens them at prefill
         # start (with its destination reserved then), a bulk hand-off after the prefill.
@@ -112,6 +121,9 @@ class Cluster:
         self.retries = 0
         self._entry_policy = POLICIES[self.router.policy]
         self._decode_policy = POLICIES[self.router.decode_policy]
+        self._conditional = (ConditionalRouter(self.router.conditional, self._entry_policy,
+                                               self.router_state)
+                             if self.router.conditional is not None else None)
 
     # ----- arrivals ------------------------------------------------------------------
 
@@ -145,18 +157,35 @@ class Cluster:
                 return
         else:
             candidates = [x for x in self.entry if x.accepting and x.can_ever_hold(req)]
+        if self._conditional is not None and self._route_local(req, candidates):
+            return
         if not candidates:  # every entry instance is down or off: wait for one
             req.move_to(State.QUEUED)
             self.pending_entry.append(req)
             return
         inst = self._entry_policy(candidates, req, self.router_state, "entry")
-        inst.enqueue(req)  # type: ignore[attr-defined]
+        self.tiers.enqueue(inst, req)  # type: ignore[arg-type]
+
+    def _route_local(self, req: Request, entry: list[Instance]) -> bool:
+        """Conditional disaggregation (engine/disagg_router.py): enqueue ``req`` where it
+        is to be prefilled, on a decode instance or a chosen prefill instance; False
+        leaves the choice of a prefill instance to the entry policy."""
+        local = [d for d in self.decoders if d.accepting and d.can_ever_hold(req)]
+        if not local:
+            return False
+        queue = len(self.pending_entry) + sum(x.num_waiting for x in self.entry)
+        assert self._conditional is not None
+        where = self._conditional.place(req, local, entry, queue, self._path)
+        if where is None:
+            return False
+        self.tiers.enqueue(where, req)
+        return True
 
     def _pull(self, inst: Instance) -> None:
         """Central queue: hand waiting requests to ``inst`` while it has free slots."""
         while (self.pending_entry and inst.has_slot()
                and inst.can_ever_hold(self.pending_entry[0])):
-            inst.enqueue(self.pending_entry.popleft())
+            self.tiers.enqueue(inst, self.pending_entry.popleft())
 
     # ----- completions -----------------------------------------------------------------
     def _complete(self, inst: Instance, req: Request) -> None:
@@ -186,9 +215,11 @@ class Cluster:
         # the early reservation is booked on a stand-in carrying the decode side's count.
         stand_in = Request(req.id, req.arrival_s, req.prompt_tokens, req.output_tokens)
         stand_in.generated = req.generated
+        stand_in.block_hashes = req.block_hashes
         self._reserve(req, src, dst, stand_in)
+        req.decode_cached_tokens = stand_in.decode_cached_tokens
         path = self._path(src, dst)
-        tokens = req.prefill_target
+        tokens = req.prefill_target - req.decode_cached_tokens
         share = 1 - 1 / self.transfer.num_layers
         # A layer cannot leave before it is computed: cap the stream at the rate the
         # prefill produces it, as the cost model prices this prefill alone.
@@ -279,6 +310,7 @@ class Cluster:
             return req
         # The stream that began at prefill start is gone: the hand-off has not started.
         early[2].transfer_start_s = early[2].decode_admit_s = float("nan")
+        early[2].decode_cached_tokens = 0
         return early[1]
 
     def _transfer(self, req: Request, src: Instance, dst: Instance,
@@ -289,8 +321,9 @@ class Cluster:
         req.transfer_start_s = env.now
         path = self._path(src, dst)
         # The KV covers every token prefilled: the prompt, plus the tokens generated before
-        # a failure sent the request back to be prefilled again.
-        tokens = req.prefill_target
+        # a failure sent the request back to be prefilled again; less the leading blocks a
+        # prefix cache on the decode side already holds (it pulls only the rest).
+        tokens = req.prefill_target - req.decode_cached_tokens
         nbytes = path.bytes_per_token * tokens
         convert = path.conversion_s_per_byte * nbytes + path.conversion_s_per_token * tokens
         flows: list[Flow] = []

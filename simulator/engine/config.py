@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.engine.kv_config import ConditionalDisaggregation, KvRouterSpec, KvTierSpec
+
 
 class Spec(BaseModel):
     # No field means "unbounded" by infinity; NaN compares false with every bound.
@@ -156,6 +158,21 @@ class SharedPrefix(Spec):
     fraction: float = Field(1.0, ge=0, le=1, description="Share of requests that carry one.")
 
 
+class SessionSpec(Spec):
+    """Multi-turn conversations (chat sessions): each arrival starts one.
+
+    Turn k's prompt is every earlier turn's prompt and reply plus a new user message
+    (``input_tokens``); its reply is ``output_tokens`` long. The conversation's hash
+    blocks are chained from its first token, so a turn can reuse the KV of its own
+    history, as vLLM's block hashes (each block's hash covers its parent's) allow.
+    """
+
+    turns: Length = Field(description="Turns per session.")
+    think_time_s: float = Field(0.0, ge=0, description=(
+        "Mean time between a reply's last token and the next turn (exponential); 0 = "
+        "the next turn follows at once."))
+
+
 class WorkloadSpec(Spec):
     arrival: Arrival = Field(description="How requests arrive.")
     input_tokens: Length | None = Field(None, description="Prompt lengths (not for traces).")
@@ -163,6 +180,10 @@ class WorkloadSpec(Spec):
     num_requests: int | None = Field(None, gt=0, description="Stop after this many requests.")
     duration_s: float | None = Field(None, gt=0, description="Stop issuing after this time.")
     shared_prefix: SharedPrefix | None = Field(None, description="Optional shared prefixes.")
+    sessions: SessionSpec | None = Field(None, description=(
+        "Multi-turn conversations: the arrival process starts sessions, each issues its "
+        "turns one after another; `num_requests` bounds the turns of all sessions, "
+        "`duration_s` the session starts."))
     prefix_block_tokens: int = Field(512, gt=0, description=(
         "Tokens per prefix hash block (Mooncake traces: 512); prefix caching reuses whole "
         "blocks."))
@@ -176,6 +197,13 @@ class WorkloadSpec(Spec):
             raise ValueError("bound the workload with num_requests or duration_s")
         if self.arrival.kind in {"all_at_once", "closed_loop"} and self.num_requests is None:
             raise ValueError(f"a {self.arrival.kind} workload needs num_requests")
+        if self.sessions is not None:
+            if self.arrival.kind in {"trace", "closed_loop"}:
+                raise ValueError(f"sessions start from an open-loop arrival process, not "
+                                 f"{self.arrival.kind} (a trace carries its own hash ids)")
+            if self.shared_prefix is not None:
+                raise ValueError("sessions and shared_prefix cannot be combined: a session's "
+                                 "hash chain starts at its first token")
         return self
 
 
@@ -198,11 +226,27 @@ class SchedulerSpec(Spec):
     preemption: Literal["recompute"] = Field("recompute", description=(
         "What happens to a sequence evicted for lack of KV: its KV is dropped and it is "
         "prefilled again."))
+    kv_tiers: list[KvTierSpec] = Field(default_factory=list, description=(
+        "KV tiers below HBM, fastest first (`dram`, then `ssd`, then `remote`): blocks the "
+        "prefix cache evicts are offloaded to them and loaded back on a prefix hit instead "
+        "of recomputed (vLLM's KV offloading connector, LMCache). Needs prefix_caching."))
+
+    @model_validator(mode="after")
+    def _tiers(self) -> SchedulerSpec:
+        kinds = [t.kind for t in self.kv_tiers]
+        if kinds and not self.prefix_caching:
+            raise ValueError("kv_tiers needs prefix_caching: true (tiers hold prefix-cache "
+                             "blocks the HBM cache evicts)")
+        order = ["dram", "ssd", "remote"]
+        if kinds != sorted(kinds, key=order.index) or len(set(kinds)) != len(kinds):
+            raise ValueError(f"kv_tiers kinds {kinds}: each kind at most once, in the order "
+                             "dram, ssd, remote")
+        return self
 
 
 RoutingPolicy = Literal[
     "round_robin", "least_outstanding", "least_tokens", "power_of_two", "least_kv", "random",
-    "prefix_affinity",
+    "prefix_affinity", "kv_aware",
 ]
 
 
@@ -216,6 +260,18 @@ class RouterSpec(Spec):
         "`central_queue`: requests wait in one FIFO at the router and go to an instance "
         "only when it has a free sequence slot (a global scheduler; `policy` picks among "
         "instances with room)."))
+    kv_router: KvRouterSpec = Field(default_factory=KvRouterSpec, description=(  # type: ignore[arg-type]
+        "Settings of the `kv_aware` policy."))
+    conditional: ConditionalDisaggregation | None = Field(None, description=(
+        "P/D clusters: decide per request whether to prefill remotely or on the decode "
+        "instance (empty: every request is prefilled remotely)."))
+
+    @model_validator(mode="after")
+    def _conditional_push(self) -> RouterSpec:
+        if self.conditional is not None and self.dispatch == "central_queue":
+            raise ValueError("conditional disaggregation decides at arrival: use dispatch: "
+                             "push")
+        return self
 
 
 # ----- faults ------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from simulator.engine.fast_forward import Jump, mutates, observes
 from simulator.engine.kv_manager import KVManager
 from simulator.engine.lifecycle import Lifecycle
 from simulator.engine.pipeline import Pipeline
-from simulator.engine.prefix_cache import PrefixCache
+from simulator.engine.prefix_cache import Below, PrefixCache
 from simulator.engine.process import Batch, ServingProcess
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler import EngineLimits, make_scheduler
@@ -77,7 +77,7 @@ class Instance(ServingProcess):
         self.role = role
         self.cost = cost
         cache = None
-        if scheduler.prefix_caching and role != "decode":
+        if scheduler.prefix_caching:
             cache = PrefixCache(prefix_block_tokens, block_size)
         self._kv = KVManager(kv_blocks, block_size, cache)
         self.sched = scheduler
@@ -240,7 +240,8 @@ class Instance(ServingProcess):
 
     @mutates
     def try_reserve(self, req: Request) -> bool:
-        """Decode role: reserve KV for an incoming request's prompt, if there is room."""
+        """Decode role: reserve KV for an incoming request's prompt, if there is room (with
+        a prefix cache here, the leading blocks it holds are pinned, not reserved)."""
         if not (len(self._running) + len(self._reserved) < self.max_running
                 and self._kv.can_reserve_for(req)):
             return False
@@ -266,11 +267,24 @@ class Instance(ServingProcess):
     def admit_transferred(self, req: Request) -> None:
         """Decode role: the request's KV has arrived; it joins the decode batch."""
         del self._reserved[req.id]
+        self._kv.take_reserved_pins(req)
         req.prefilled = req.prefill_target
         req.move_to(State.DECODE)
         if req.generated and req.first_token_s != req.first_token_s:
             req.first_token_s = self.env.now  # the prefill's token, forwarded with the KV
         self._running.append(req)
+        self._wake_up()
+
+    @mutates
+    def attach_tiers(self, below: Below | None) -> None:
+        """Put KV tiers under this instance's HBM prefix cache (evictions go down)."""
+        self._kv.attach_below(below)
+
+    @mutates
+    def stage_prefix(self, head: list[int], loaded: list[int]) -> None:
+        """Blocks loaded from a lower tier become HBM prefix-cache entries behind ``head``
+        (the prompt's blocks already here)."""
+        self._kv.stage(head, loaded)
         self._wake_up()
 
     @mutates

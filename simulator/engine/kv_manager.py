@@ -3,25 +3,29 @@
 :class:`KVManager` owns every KV field of a request on this instance (``blocks``,
 ``cache_pins``, ``src_blocks``) and is the :class:`~simulator.engine.scheduler.base.KVLedger`
 the scheduler books through: admit a prompt (less its prefix-cache hit), grow a decode,
-free a preempted or finished request (its full prompt blocks stay cached), reserve KV for
-an incoming hand-off. Block counting itself is :class:`~simulator.engine.kv.BlockManager`,
-the cache :class:`~simulator.engine.prefix_cache.PrefixCache`.
+free a preempted or finished request (its full prompt and reply blocks stay cached),
+reserve KV for an incoming hand-off (pinning the leading blocks a decode-side prefix
+cache already holds), stage blocks loaded from a lower KV tier. Block counting itself is
+:class:`~simulator.engine.kv.BlockManager`, the cache
+:class:`~simulator.engine.prefix_cache.PrefixCache`.
 """
 
 from __future__ import annotations
 
 from simulator.engine.kv import BlockManager
-from simulator.engine.prefix_cache import PrefixCache
+from simulator.engine.prefix_cache import Below, PrefixCache
 from simulator.engine.request import Request
 
 
 class KVManager:
-    __slots__ = ("block_size", "blocks", "cache")
+    __slots__ = ("block_size", "blocks", "cache", "reserved_pins")
 
     def __init__(self, kv_blocks: int, block_size: int, cache: PrefixCache | None) -> None:
         self.cache = cache
         self.blocks = BlockManager(kv_blocks, block_size, cache)
         self.block_size = block_size
+        # Decode role: prefix-cache blocks pinned for incoming hand-offs, by request id.
+        self.reserved_pins: dict[int, int] = {}
 
     # ----- reads -----------------------------------------------------------------------
     @property
@@ -97,7 +101,11 @@ class KVManager:
             self.blocks.release(owned)
             return
         pins = req.cache_pins
-        full = min(len(req.block_hashes), req.prompt_tokens // cache.block_tokens)
+        # Every full block whose KV was computed: the prompt's and the reply's (all but the
+        # last token, which was sampled and never fed back), as vLLM caches generated
+        # blocks too; a multi-turn session's next turn finds its history.
+        computed_tokens = req.prompt_tokens + max(0, req.generated - 1)
+        full = min(len(req.block_hashes), computed_tokens // cache.block_tokens)
         computed = req.block_hashes[pins:full]
         kept = cache.insert(computed) * cache.blocks_per_entry
         kept = min(kept, owned)
@@ -110,14 +118,56 @@ class KVManager:
         return self.blocks.can_allocate(self.blocks.blocks_for(req.context_tokens + 1))
 
     def reserve(self, req: Request) -> None:
+        """Book an incoming hand-off's KV. With a prefix cache, the prompt's leading blocks
+        it holds are pinned instead, and the hand-off moves only the rest
+        (``req.decode_cached_tokens``)."""
         need = self.blocks.blocks_for(req.context_tokens + 1)
+        cache = self.cache
+        hit = 0
+        if cache is not None:
+            usable = self.usable_hashes(req)
+            hit = cache.match(usable)
+            cache.pin(usable[:hit])
+            need = max(0, need - hit * cache.blocks_per_entry)
         self.blocks.allocate(need)
         req.blocks = need
+        self.reserved_pins[req.id] = hit
+        req.decode_cached_tokens = hit * cache.block_tokens if cache is not None else 0
+
+    def take_reserved_pins(self, req: Request) -> None:
+        """The hand-off arrived: the pinned leading blocks are the request's own pins."""
+        req.cache_pins = self.reserved_pins.pop(req.id, 0)
 
     def cancel(self, req: Request) -> None:
         self.blocks.release(req.blocks)
         req.blocks = 0
+        pins = self.reserved_pins.pop(req.id, 0)
+        if pins and self.cache is not None and req.block_hashes:
+            self.cache.unpin(req.block_hashes[:pins])
+        req.decode_cached_tokens = 0
+
+    # ----- KV tiers ----------------------------------------------------------------------
+    def attach_below(self, below: Below | None) -> None:
+        if self.cache is not None:
+            self.cache.below = below
+
+    def stage(self, head: list[int], loaded: list[int]) -> None:
+        """Blocks loaded from a lower tier become unpinned HBM cache entries; ``head`` (the
+        prompt's blocks already cached) is kept from eviction while room is made. If the
+        room cannot be had, the loaded blocks are dropped."""
+        cache = self.cache
+        if cache is None:
+            return
+        fresh = [h for h in loaded if h not in cache.entries]
+        need = len(fresh) * cache.blocks_per_entry
+        present = [h for h in head if h in cache.entries]
+        cache.pin(present)
+        if self.blocks.can_allocate(need):
+            self.blocks.allocate(need)
+            cache.insert(fresh)
+        cache.unpin(present)
 
     def reset(self) -> None:
         """The device lost its memory."""
         self.blocks.reset()
+        self.reserved_pins.clear()

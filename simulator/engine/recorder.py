@@ -155,7 +155,9 @@ class Recorder:
                   "prefill_end_s", "first_token_s", "transfer_wait_s", "transfer_start_s",
                   "transfer_end_s", "decode_admit_s", "decode_start_s", "second_token_s",
                   "completion_s", "preemptions", "restarts", "prefill_instance",
-                  "decode_instance", "status", "reason")
+                  "decode_instance", "status", "reason", "session", "turn",
+                  "dram_hit_tokens", "ssd_hit_tokens", "remote_hit_tokens", "kv_load_s",
+                  "decode_cached_tokens")
         data = {f: [getattr(r, f) for r in reqs] for f in fields}
         data["status"] = [s.value for s in data["status"]]  # plain strings, not State
         df = pd.DataFrame(data)

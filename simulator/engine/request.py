@@ -65,12 +65,15 @@ class Request:
         "cached_tokens",
         "completion_s",
         "decode_admit_s",
+        "decode_cached_tokens",
         "decode_instance",
         "decode_start_s",
+        "dram_hit_tokens",
         "first_token_s",
         "generated",
         "id",
         "in_flight",
+        "kv_load_s",
         "output_tokens",
         "preemptions",
         "prefill_end_s",
@@ -83,12 +86,16 @@ class Request:
         "prefix_tokens",
         "prompt_tokens",
         "reason",
+        "remote_hit_tokens",
         "restarts",
         "second_token_s",
+        "session",
         "src_blocks",
+        "ssd_hit_tokens",
         "transfer_end_s",
         "transfer_start_s",
         "transfer_wait_s",
+        "turn",
     )
 
     def __init__(self, rid: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -109,6 +116,14 @@ class Request:
         self.cached_tokens = 0  # prompt tokens its first prefill found in the prefix cache
         self.prefill_saved_s = 0.0  # estimated prefill time those cached tokens saved
         self.block_hashes: list[int] | None = None
+        # KV tiers: prompt tokens loaded from each tier below HBM, and the load's seconds.
+        self.dram_hit_tokens = 0
+        self.ssd_hit_tokens = 0
+        self.remote_hit_tokens = 0
+        self.kv_load_s = 0.0
+        self.decode_cached_tokens = 0  # prompt tokens a P/D hand-off did not move
+        self.session = -1  # multi-turn: the conversation and the turn in it (from 1)
+        self.turn = 0
         self.preemptions = 0
         self.restarts = 0  # times a failure sent it back to be prefilled or placed again
         self._state = State.QUEUED

@@ -87,6 +87,15 @@ def random_choice(candidates: Sequence[Routable], _req: Request, state: RouterSt
     return candidates[int(state.rng.integers(len(candidates)))]
 
 
+def kv_aware(candidates: Sequence[Routable], req: Request, state: RouterState,
+             key: str) -> Routable:
+    """KV overlap against load, Dynamo's KV router: see :mod:`simulator.engine.kv_router`
+    (imported here, not at the top, because it builds on this module's types)."""
+    from simulator.engine.kv_router import route
+
+    return route(candidates, req, state, key)
+
+
 POLICIES: Mapping[str, Policy] = MappingProxyType({
     "round_robin": round_robin,
     "least_outstanding": least_outstanding,
@@ -95,5 +104,6 @@ POLICIES: Mapping[str, Policy] = MappingProxyType({
     "power_of_two": power_of_two,
     "random": random_choice,
     "prefix_affinity": prefix_affinity,
+    "kv_aware": kv_aware,
 })
 """The routing policies by name, read-only: per-run state lives in :class:`RouterState`."""

@@ -25,6 +25,7 @@ from simulator.engine.config import (
     WorkloadSpec,
 )
 from simulator.engine.request import Request
+from simulator.engine.sessions import Sessions
 from simulator.engine.traces import Trace, load_trace
 
 _CHUNK = 4096
@@ -72,6 +73,7 @@ class Workload:
             if not path.is_absolute():
                 path = self.base_dir / path
             self.trace = load_trace(path, skip_bad_rows=spec.arrival.skip_bad_rows)
+        self._sessions = Sessions(self) if spec.sessions is not None else None
         self._closed_left = 0
         self._warmup_left = 0
         self._warmup_unsent = 0
@@ -125,6 +127,8 @@ class Workload:
         self._check_done()
 
     def _check_done(self) -> None:
+        if self._sessions is not None and self._sessions.open:
+            return  # sessions still have turns to send
         if self.exhausted and self.finished >= self.issued and not self.done.triggered:
             self.done.succeed()
 
@@ -186,14 +190,19 @@ class Workload:
             yield from self._replay(limit, horizon)
             return
         t = 0.0
+        sessions = self._sessions
         for gap in self._gaps():
-            if limit is not None and self.issued >= limit:
+            sent = sessions.planned if sessions is not None else self.issued
+            if limit is not None and sent >= limit:
                 return
             t += gap
             if horizon is not None and t > horizon:
                 return
             if t > env.now:
                 yield env.timeout(t - env.now)
+            if sessions is not None:
+                sessions.start(limit)
+                continue
             prompt, output, group, p_tokens = next(self._lengths)
             self.submit(self._make(env.now, prompt, output, group, p_tokens))
 
@@ -217,7 +226,9 @@ class Workload:
                 yield env.timeout(t - env.now)
             req = self._make(env.now, int(ins[i]), int(outs[i]))
             if hashes is not None:
-                req.block_hashes = hashes[i]
+                # Only full blocks: a trace's last id names a partly filled prompt block,
+                # which the reply's tokens would fill with content the id does not cover.
+                req.block_hashes = hashes[i][: req.prompt_tokens // self.spec.prefix_block_tokens]
             self.submit(req)
 
     # ----- closed loop -----------------------------------------------------------------
@@ -271,6 +282,8 @@ class Workload:
         """A request ended (completed, failed or rejected): a closed-loop client sends the
         next one; the run is over once nothing more will be issued and all have ended."""
         self.finished += 1
+        if self._sessions is not None:
+            self._sessions.on_finished(_req)
         if self.spec.arrival.kind != "closed_loop":
             self._check_done()
             return

@@ -210,3 +210,39 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
             summary["output_token_throughput_per_device"] = (
                 summary["output_token_throughput"] / summary["devices"])
     return summary
+
+
+TIER_COLUMNS = {"dram": "dram_hit_tokens", "ssd": "ssd_hit_tokens",
+                "remote": "remote_hit_tokens"}
+
+
+def tier_summary(reqs: pd.DataFrame) -> dict[str, float]:
+    """Prefix hits by the tier they came from, and what loading them cost (docs/metrics.md).
+
+    ``cached_tokens`` counts every prompt token not prefilled; the tier columns count
+    those loaded from below HBM, so HBM's own share is the difference.
+    """
+    started = reqs[reqs["prefill_start_s"].notna()]
+    prompt = float(started["prompt_tokens"].sum())
+    out: dict[str, float] = {}
+    below = 0.0
+    for name, col in TIER_COLUMNS.items():
+        tokens = float(started[col].sum())
+        below += tokens
+        out[f"hit_rate_{name}"] = tokens / prompt if prompt else 0.0
+    hbm = float(started["cached_tokens"].sum()) - below
+    out["hit_rate_hbm"] = hbm / prompt if prompt else 0.0
+    out["kv_load_seconds"] = float(started["kv_load_s"].sum())
+    # Net TTFT saved: prefill time the hits spared, less the time spent loading them.
+    out["ttft_seconds_saved"] = float(started["prefill_saved_s"].sum()) - out["kv_load_seconds"]
+    out["handoff_tokens_saved"] = int(started["decode_cached_tokens"].sum())
+    return out
+
+
+def local_prefill_share(reqs: pd.DataFrame) -> float:
+    """P/D with conditional disaggregation: share of prefilled requests whose prefill ran
+    on their decode instance (no hand-off)."""
+    done = reqs[reqs["prefill_end_s"].notna() & (reqs["decode_instance"] >= 0)]
+    if not len(done):
+        return 0.0
+    return float((done["prefill_instance"] == done["decode_instance"]).mean())

@@ -37,6 +37,7 @@ from simulator.runner.moe_build import (
 )
 from simulator.runner.paths import transfer_path
 from simulator.runner.placement import Placement, place
+from simulator.runner.tier_build import pool_tier_routes
 from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
 from simulator.units import GIB
 
@@ -395,6 +396,8 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         if pool.autoscale is not None:
             a = pool.autoscale
             cold_start = mem.weight_bytes / (a.load_bandwidth_gb_per_s * 1e9) + a.startup_s
+        tier_routes_of = pool_tier_routes(scenario, model, pool, par, r.precisions.kv_cache,
+                                          pool_places, file, key)
         for j, cost in enumerate(costs):
             instances.append(InstanceSpec(
                 name=f"{pool.name}/{j}", pool=pool.name, role=pool.role, cost=cost,
@@ -403,6 +406,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                 cold_start_s=cold_start, devices=par.devices, first_token=engine.first_token,
                 max_num_seqs_per=engine.max_num_seqs_per,
                 speculative=spec_cfg.acceptance if spec_cfg is not None else None,
+                tiers=tier_routes_of[j],
             ))
         pools.append(PoolPlan(pool, dev, par, mem, pool_places, costs))
 

@@ -19,9 +19,12 @@ bandwidth, whichever instances are at either end:
 from __future__ import annotations
 
 from simulator.engine.fabric import ResourceSpec, TransferPath
+from simulator.engine.kv_config import KvTierSpec
+from simulator.engine.tier_io import TierRoute
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.hardware.registry import load_link
 from simulator.runner.placement import Placement
+from simulator.units import GIB
 
 
 def _fixed(*profiles: LinkProfile) -> float:
@@ -117,3 +120,59 @@ def transfer_path(a: Placement, b: Placement, src_name: str, streams: list[tuple
     return TransferPath(f"{label}:{src_name}", slowest, tuple(out.items()), fixed,
                         conversion_s_per_byte, conversion_s_per_token)
 
+
+
+# ----- KV tiers ------------------------------------------------------------------------
+# Default rates of a tier's own resource when its spec leaves them empty, bytes/s (None:
+# only the GPU's host link or NIC limits it). SSD: one PCIe Gen4 U.2 drive, Kioxia CM6-R
+# datasheet (sequential read 6.9 GB/s, write 4.2 GB/s).
+_TIER_READ = {"dram": None, "ssd": 6.9e9, "remote": None}
+_TIER_WRITE = {"dram": None, "ssd": 4.2e9, "remote": None}
+_TIER_LATENCY_US = {"dram": 10.0, "ssd": 100.0, "remote": 20.0}
+
+
+def tier_routes(a: Placement, inst_name: str, tiers: list[KvTierSpec],
+                rank_bytes_per_token: list[float], block_tokens: int) -> dict[str, TierRoute]:
+    """How each KV tier of the instance at ``a`` is reached, rank by rank.
+
+    Every rank moves its own shard of a block (``rank_bytes_per_token``, replicas
+    counted, as :func:`simulator.cost.handoff.handoff_streams` gives them): DRAM and
+    SSD traffic crosses the rank's host link (the same PCIe port a host-staged hand-off
+    uses), the shared pool's crosses the rank's scale-out NIC (the same NIC a P/D
+    hand-off uses). A tier with a rate of its own adds one resource all ranks share:
+    ``KIND:INSTANCE:read|write`` (per instance), ``remote-pool:read|write`` (cluster).
+    The first tier is written from HBM over the GPU's link; lower ones from the host.
+    """
+    dev = a.device
+    host = load_link(dev.host_link) if dev.host_link else None
+    net = load_link(dev.scale_out_link) if dev.scale_out_link else None
+    block_bytes = sum(rank_bytes_per_token) * block_tokens
+    out: dict[str, TierRoute] = {}
+    for level, spec in enumerate(tiers):
+        kind = spec.kind
+        link = net if kind == "remote" else host
+        if link is None:
+            need = "scale_out_link" if kind == "remote" else "host_link"
+            raise ValueError(f"a {kind} KV tier needs the device's {need}; {dev.name} has none")
+        where = "remote-pool" if kind == "remote" else f"{kind}:{inst_name}"
+        read_bw = spec.read_gb_per_s * 1e9 if spec.read_gb_per_s else _TIER_READ[kind]
+        write_bw = spec.write_gb_per_s * 1e9 if spec.write_gb_per_s else _TIER_WRITE[kind]
+        own_read = (ResourceSpec(f"{where}:read", read_bw),) if read_bw else ()
+        own_write = (ResourceSpec(f"{where}:write", write_bw),) if write_bw else ()
+        hop = _nic if kind == "remote" else _port
+        read, write = [], []
+        for rank, bpt in enumerate(rank_bytes_per_token):
+            g = a.global_device(rank)
+            per_block = bpt * block_tokens
+            read.append(((*own_read, hop(link, dev, g, "rx", None)), per_block))
+            from_gpu = level == 0 or kind == "remote"
+            gpu_hop = (hop(link, dev, g, "tx", inst_name),) if from_gpu else ()
+            write.append(((*gpu_hop, *own_write), per_block))
+        capacity = int(spec.capacity_gib * GIB // block_bytes)
+        if capacity < 1:
+            raise ValueError(f"a {kind} tier of {spec.capacity_gib:g} GiB holds no "
+                             f"{block_tokens}-token block ({block_bytes / GIB:.3f} GiB each)")
+        latency = spec.latency_us if spec.latency_us is not None else _TIER_LATENCY_US[kind]
+        out[kind] = TierRoute(kind, capacity, block_bytes, tuple(read), tuple(write),
+                              latency * 1e-6)
+    return out

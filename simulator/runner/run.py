@@ -13,12 +13,18 @@ from simulator.cost.predictor import predictor_summary
 from simulator.engine.autoscaler import Autoscaler
 from simulator.engine.cluster import Cluster, TransferPlan
 from simulator.engine.faults import start_faults
+from simulator.engine.kv_router import KvRouterState
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
 from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
-from simulator.metrics.summary import add_latency_columns, summarize
+from simulator.metrics.summary import (
+    add_latency_columns,
+    local_prefill_share,
+    summarize,
+    tier_summary,
+)
 from simulator.runner.budget import check_budget, estimate_run
 from simulator.runner.build import ClusterPlan, build_plan, with_resolved_precision
 from simulator.runner.checks import VLLM_CONTEXT_RULE, check_context
@@ -27,7 +33,8 @@ from simulator.runner.result import RunResult
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
 
-STREAMS = ("arrival", "input", "output", "prefix", "routing", "faults", "speculation")
+STREAMS = ("arrival", "input", "output", "prefix", "routing", "faults", "speculation",
+           "session")
 
 
 def spawn_rngs(seed: int) -> dict[str, np.random.Generator]:
@@ -57,7 +64,12 @@ class Simulation:
         recorder = Recorder()
         transfer = TransferPlan(sc.cluster.kv_transfer.mode, plan.transfer_path,
                                 plan.model.num_layers)
-        cluster = Cluster(env, plan.instances, sc.cluster.router, RouterState(rngs["routing"]),
+        router = sc.cluster.router
+        state = (KvRouterState(rngs["routing"], router.kv_router,
+                               sc.workload.prefix_block_tokens, lambda: env.now)
+                 if "kv_aware" in (router.policy, router.decode_policy)
+                 else RouterState(rngs["routing"]))
+        cluster = Cluster(env, plan.instances, router, state,
                           recorder, transfer, fast_forward=sc.simulation.fast_forward,
                           prefix_block_tokens=sc.workload.prefix_block_tokens,
                           speculation_rng=rngs["speculation"])
@@ -131,6 +143,12 @@ class Simulation:
                                         "generated_tokens"].sum())
         summary.update(powered_cost_summary(powered, out_tokens))
         summary["retries"] = cluster.retries
+        if any(spec.tiers for spec in plan.instances) or any(
+                p.spec.scheduler.prefix_caching and p.spec.role == "decode" for p in plan.pools):
+            summary.update(tier_summary(measured))
+            summary.update(cluster.tiers.summary())
+        if sc.cluster.router.conditional is not None:
+            summary["local_prefill_share"] = local_prefill_share(measured)
         if workload.trace is not None:
             summary["trace_rows_skipped"] = sum(workload.trace.skipped.values())
         summary.update(predictor_summary([spec.cost for spec in plan.instances]))

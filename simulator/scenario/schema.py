@@ -167,6 +167,9 @@ class ClusterSpec(Spec):
             raise ValueError("prefill pools need a decode pool to hand requests to")
         if "decode" in roles and "prefill" not in roles:
             raise ValueError("decode pools need a prefill pool to receive requests from")
+        if self.router.conditional is not None and "decode" not in roles:
+            raise ValueError("router.conditional chooses between prefill and decode pools; "
+                             "this cluster has no decode pool")
         return self
 
     @property
