@@ -62,7 +62,9 @@ class KVManager:
 
     # ----- the scheduler's ledger ----------------------------------------------------
     def growth_need(self, req: Request, tokens: int) -> int:
-        return self.blocks.blocks_for(tokens) - req.blocks - self.pinned_blocks(req)
+        cache = self.cache
+        pinned = req.cache_pins * cache.blocks_per_entry if cache is not None else 0
+        return -(-tokens // self.block_size) - req.blocks - pinned
 
     def grow(self, req: Request, blocks: int) -> None:
         self.blocks.allocate(blocks)

@@ -72,9 +72,10 @@ class EngineLimits:
     """False on a prefill instance: it never decodes."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SchedulerView:
-    """One instance as a policy sees it before a step."""
+    """One instance as a policy sees it before a step (read-only: a policy changes
+    neither the view nor the sequences in it)."""
 
     waiting: Sequence[Request]
     """Queued requests, head first."""
