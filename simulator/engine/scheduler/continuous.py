@@ -122,6 +122,12 @@ class _Step:
 class DecodeFirstChunked:
     """Decode-first continuous batching with chunked prefill."""
 
+    def stable(self, view: SchedulerView) -> bool:
+        return True
+
+    def advance(self, steps: int) -> None:
+        return None
+
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim = view.limits
         step = _Step(view)
@@ -154,6 +160,12 @@ class DecodeFirstChunked:
 
 class PrefillFirst:
     """Whole prompts first; decode steps only when no prompt is admitted."""
+
+    def stable(self, view: SchedulerView) -> bool:
+        return True
+
+    def advance(self, steps: int) -> None:
+        return None
 
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim = view.limits
