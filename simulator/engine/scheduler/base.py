@@ -105,10 +105,11 @@ class SchedulerView:
     picks preemption victims (highest value first). None = arrival order."""
 
 
-def ordered_waiting(view: SchedulerView) -> list[Request]:
-    """The waiting queue in the order a policy considers it."""
+def ordered_waiting(view: SchedulerView) -> Sequence[Request]:
+    """The waiting queue in the order a policy considers it (the view's own queue, not a
+    copy, when there is no priority key)."""
     if view.priority is None:
-        return list(view.waiting)
+        return view.waiting
     key = view.priority
     return sorted(view.waiting, key=lambda r: (key(r), r.arrival_s))
 

@@ -73,7 +73,7 @@ class SglangScheduler:
         return self._decode(view)
 
     def _order(self, view: SchedulerView) -> list[Request]:
-        queue = ordered_waiting(view)
+        queue = list(ordered_waiting(view))
         if (self.schedule_policy == "lpm" and view.priority is None
                 and len(queue) <= LPM_QUEUE_LIMIT):
             hits = {r.id: view.kv.prefix_hit(r) for r in queue}

@@ -59,53 +59,52 @@ class VllmV1:
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim, kv = view.limits, view.kv
         out = SchedulerOutput()
-        running = list(view.running)
+        decodes, chunks = out.decodes, out.chunks
+        running: list[Request] = view.running  # type: ignore[assignment]
+        own = False  # copied on the first preemption: the instance's list is read-only
         budget = lim.max_num_batched_tokens
-        scheduled: dict[int, int] = {}  # request id -> tokens this step
+        lookahead, growth_need, decode = lim.lookahead, kv.growth_need, State.DECODE
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             if req.in_flight:
                 i += 1
                 continue
-            decode = req.status is State.DECODE
-            if decode:
-                n, tokens = 1, req.context_tokens + lim.lookahead
+            if req.status is decode:
+                n, tokens = 1, req.prompt_tokens + req.generated + lookahead
             else:
                 n = min(req.prefill_target - req.prefilled, budget)
                 tokens = req.prefilled + n
-            need = kv.growth_need(req, tokens)
-            ok = True
-            while need > 0 and not kv.can_allocate(need):
-                victim = self._victim(view, running)
-                if victim is None:
-                    ok = False
+            need = growth_need(req, tokens)
+            if need > 0 and not kv.can_allocate(need):
+                if not own:
+                    running, own = list(running), True
+                ok = True
+                while not kv.can_allocate(need):
+                    victim = self._victim(view, running)
+                    if victim is None:
+                        ok = False
+                        break
+                    at = running.index(victim)
+                    running.pop(at)
+                    kv.preempt(victim)
+                    out.preempted.append(victim)
+                    if at < i:  # priority: one scheduled earlier in this step
+                        i -= 1
+                        budget += self._unschedule(out, victim)
+                    if victim is req:
+                        ok = False
+                        break
+                if not ok:
                     break
-                at = running.index(victim)
-                running.pop(at)
-                kv.preempt(victim)
-                out.preempted.append(victim)
-                if victim.id in scheduled:  # priority: an already scheduled one
-                    budget += scheduled.pop(victim.id)
-                    i -= 1
-                if victim is req:
-                    ok = False
-                    break
-            if not ok:
-                break
             if need > 0:
                 kv.grow(req, need)
-            scheduled[req.id] = n
+            if req.status is decode:
+                decodes.append(req)
+            else:
+                chunks.append((req, n))
             budget -= n
             i += 1
-        for req in running:
-            tokens_now = scheduled.get(req.id)
-            if tokens_now is None:
-                continue
-            if req.status is State.DECODE:
-                out.decodes.append(req)
-            else:
-                out.chunks.append((req, tokens_now))
         self._preempted = bool(out.preempted)
         if out.preempted:
             return out  # vLLM admits nothing new in a step that preempted
@@ -131,6 +130,18 @@ class VllmV1:
             budget -= n
             count += 1
         return out
+
+    @staticmethod
+    def _unschedule(out: SchedulerOutput, req: Request) -> int:
+        """Take ``req`` out of this step; return the tokens it had."""
+        if req in out.decodes:
+            out.decodes.remove(req)
+            return 1
+        for k, (r, n) in enumerate(out.chunks):
+            if r is req:
+                del out.chunks[k]
+                return n
+        return 0
 
     @staticmethod
     def _victim(view: SchedulerView, running: list[Request]) -> Request | None:
