@@ -209,13 +209,37 @@ class WorkloadSpec(Spec):
 
 # ----- scheduler ---------------------------------------------------------------------
 class SchedulerSpec(Spec):
-    """vLLM-style continuous batching of one instance."""
+    """Continuous batching of one instance: the serving engine's policy and its limits.
 
-    max_num_seqs: int = Field(256, gt=0, description="Most sequences in one step's batch.")
-    max_num_batched_tokens: int = Field(8192, gt=0, description="Most tokens in one step.")
-    chunked_prefill: bool = Field(True, description="Split long prompts over steps and mix "
-                                                    "them with decodes (decode-first). Off: "
-                                                    "prefill-first, prefill and decode never mix.")
+    Limits left out take the serving engine's defaults for the device (see its profile's
+    ``scheduler`` section), or else the defaults below."""
+
+    policy: Literal["engine", "vllm_v1", "trtllm", "sglang", "continuous"] = Field(
+        "engine", description=(
+            "Batching policy: `engine` = the serving engine profile's; `vllm_v1`, "
+            "`trtllm`, `sglang` follow those engines' schedulers; `continuous` is the "
+            "decode-first (chunked) / prefill-first batching of earlier releases."))
+    max_num_seqs: int = Field(256, gt=0, description=(
+        "Most requests running at once (vLLM max_num_seqs, TensorRT-LLM max_batch_size, "
+        "SGLang max_running_requests)."))
+    max_num_batched_tokens: int = Field(8192, gt=0, description=(
+        "Token budget of one step (vLLM max_num_batched_tokens, TensorRT-LLM "
+        "max_num_tokens, SGLang chunked_prefill_size)."))
+    chunked_prefill: bool = Field(True, description=(
+        "Split long prompts over steps. Off: a prompt runs whole (vLLM V1 and TensorRT-LLM "
+        "stop admitting at one larger than the tokens left; `continuous` runs prefill-first "
+        "and never mixes prefill and decode). SGLang always chunks."))
+    capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
+        None, description=(
+            "TensorRT-LLM only (default `guaranteed_no_evict`): admit a request only if it "
+            "can finish without eviction, or pack requests and pause (recompute) the "
+            "latest when KV runs out (`max_utilization`)."))
+    schedule_policy: Literal["lpm", "fcfs"] | None = Field(None, description=(
+        "SGLang only (default `lpm`): order the queue longest prefix match first, or by "
+        "arrival (`fcfs`)."))
+    init_new_token_ratio: float | None = Field(None, gt=0, le=1, description=(
+        "SGLang only (default 0.7): share of the remaining output tokens of running "
+        "requests reserved when admitting; it decays to 0.14 x this over 600 decode steps."))
     block_size: int | None = Field(None, gt=0, description="KV block size in tokens "
                                                            "(default: the serving engine's).")
     memory_utilization: float | None = Field(None, gt=0, le=1, description=(

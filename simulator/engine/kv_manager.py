@@ -36,6 +36,10 @@ class KVManager:
     def total(self) -> int:
         return self.blocks.total
 
+    @property
+    def available(self) -> int:
+        return self.blocks.available
+
     def blocks_for(self, tokens: int) -> int:
         return self.blocks.blocks_for(tokens)
 
@@ -50,6 +54,12 @@ class KVManager:
         limit = min(len(req.block_hashes), (req.prompt_tokens - 1) // cache.block_tokens)
         return req.block_hashes[:limit]
 
+    def owned(self, req: Request) -> int:
+        return req.blocks + self.pinned_blocks(req)
+
+    def prefix_hit(self, req: Request) -> int:
+        return self.prefix_match_tokens(req)
+
     def pinned_blocks(self, req: Request) -> int:
         """KV blocks of ``req`` that the prefix cache owns (its pinned leading blocks)."""
         return req.cache_pins * self.cache.blocks_per_entry if self.cache is not None else 0
@@ -62,7 +72,9 @@ class KVManager:
 
     # ----- the scheduler's ledger ----------------------------------------------------
     def growth_need(self, req: Request, tokens: int) -> int:
-        return self.blocks.blocks_for(tokens) - req.blocks - self.pinned_blocks(req)
+        cache = self.cache
+        pinned = req.cache_pins * cache.blocks_per_entry if cache is not None else 0
+        return -(-tokens // self.block_size) - req.blocks - pinned
 
     def grow(self, req: Request, blocks: int) -> None:
         self.blocks.allocate(blocks)
@@ -72,14 +84,15 @@ class KVManager:
         self.free_request(req, req.blocks)
         req.blocks = 0
 
-    def admit(self, req: Request, target_tokens: int) -> int | None:
+    def admit(self, req: Request, target_tokens: int,
+              book_tokens: int | None = None) -> int | None:
         hit = 0
         cache = self.cache
         if cache is not None:
             usable = self.usable_hashes(req)
             hit = cache.match(usable)
             cache.pin(usable[:hit])
-        need = self.blocks.blocks_for(target_tokens + 1)
+        need = self.blocks.blocks_for(target_tokens + 1 if book_tokens is None else book_tokens)
         if hit:
             need = max(0, need - hit * cache.blocks_per_entry)  # type: ignore[union-attr]
         if not self.blocks.can_allocate(need):

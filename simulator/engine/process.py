@@ -46,6 +46,8 @@ class Batch:
     decodes: list[Request]
     tokens: list[int] | None = None
     """Tokens each decode advances (speculative decoding); None = one each."""
+    stable: bool = True
+    """The policy would schedule the same over a decode-only stretch (may be jumped)."""
 
 
 class ServingProcess:
@@ -115,7 +117,7 @@ class ServingProcess:
                 self._wake = None
                 continue
             speed = self._life.speed
-            if (self.fast_forward and not batch.chunks and speed == 1.0
+            if (self.fast_forward and not batch.chunks and speed == 1.0 and batch.stable
                     and len(batch.decodes) == len(self._running)):
                 jump = plan_jump(batch.decodes, self._kv.blocks, self.cost,
                                  self._kv.pinned_blocks, env.now, len(self._waiting),
@@ -192,6 +194,7 @@ class ServingProcess:
         """Record the first ``done`` steps of ``jump`` and advance its sequences."""
         finished = jump.apply(done, self._kv.blocks, self.recorder, self.index,
                               len(self._waiting), len(self._running))
+        self.scheduler.advance(done - 1)  # the first step was scheduled as usual
         for r in finished:
             r.generated = r.output_tokens
             self._complete(r)
@@ -208,7 +211,10 @@ class ServingProcess:
             req.reset_for_recompute()
             req.blocks = kept
             req.move_to(State.QUEUED)
-            self._waiting.appendleft(req)
+            if out.preempted_to_front:
+                self._waiting.appendleft(req)
+            else:
+                self._waiting.append(req)
             self._queued_tokens += req.prefill_target
             self.recorder.event(now, "preempt", f"{self.name} request {req.id}")
         for adm in out.admitted:
@@ -222,9 +228,10 @@ class ServingProcess:
                         rest = self.cost.step(BatchShape.prefill(req.prompt_tokens, tokens))
                         req.prefill_saved_s = full - rest.seconds
                 req.prefilled = tokens
-            head = self._waiting.popleft()
-            if head is not req:
-                raise AssertionError("an admission is not the queue head")
+            if self._waiting[0] is req:
+                self._waiting.popleft()
+            else:  # a policy that orders the queue (priority, longest prefix first)
+                self._waiting.remove(req)
             self._queued_tokens -= req.prefill_target
             self._running.append(req)
             req.move_to(State.PREFILL)
@@ -234,7 +241,7 @@ class ServingProcess:
                     self.on_prefill_start(self, req)
         if out.empty:
             return None
-        return Batch(out.chunks, out.decodes)
+        return Batch(out.chunks, out.decodes, stable=self.scheduler.stable(view))
 
     # ----- apply: results of a step ----------------------------------------------------
     def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,

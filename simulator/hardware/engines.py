@@ -58,6 +58,20 @@ class FrontendSpec(BaseModel):
         "closed-loop clients from staying in lock-step waves."))
 
 
+SchedulerPolicy = Literal["vllm_v1", "trtllm", "sglang", "continuous"]
+"""Batching policies (simulator/engine/scheduler/): one per serving engine, and
+``continuous``, the decode-first / prefill-first batching the simulator ran before."""
+
+
+class EngineScheduler(BaseModel):
+    """How an engine batches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: SchedulerPolicy = Field("continuous", description=(
+        "The batching policy a scenario gets unless its scheduler section picks another."))
+
+
 class ServingEngineProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -114,6 +128,8 @@ class ServingEngineProfile(BaseModel):
         "running requests of the whole instance, shared by the micro-batches in flight; "
         "`virtual_engine` (vLLM V0): each of the pp virtual engines has its own scheduler, "
         "so up to max_num_seqs x pp run."))
+    scheduler: EngineScheduler = Field(default_factory=EngineScheduler, description=(
+        "The engine's batching policy and its default limits by device class."))
     notes: str | None = Field(None, description="Caveats and assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
 

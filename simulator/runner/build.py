@@ -37,6 +37,7 @@ from simulator.runner.moe_build import (
 )
 from simulator.runner.paths import transfer_path
 from simulator.runner.placement import Placement, place
+from simulator.runner.scheduler_defaults import resolve_scheduler
 from simulator.runner.tier_build import pool_tier_routes
 from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
 from simulator.units import GIB
@@ -267,15 +268,17 @@ def pool_device(pool: PoolSpec, base_dir: Path, file: str | None, key: str) -> D
 def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineProfile,
              file: str | None, base_dir: Path) -> list[_Resolved]:
     out = []
-    for i, pool in enumerate(scenario.cluster.pools):
+    for i, given in enumerate(scenario.cluster.pools):
         key = f"cluster.pools[{i}]"
-        dev = pool_device(pool, base_dir, file, key)
+        dev = pool_device(given, base_dir, file, key)
         engine = base_engine
-        if pool.engine is not None:
+        if given.engine is not None:
             try:
-                engine = load_engine(pool.engine)
+                engine = load_engine(given.engine)
             except ConfigError as exc:
                 raise _keyed(exc, file, f"{key}.engine") from None
+        pool = given.model_copy(update={
+            "scheduler": resolve_scheduler(given.scheduler, engine, file, key)})
         prec = resolve_precisions(model, pool.precision, scenario.precision)
         precisions = Precisions(prec["weights"], prec["activations"], prec["kv_cache"])
         ps = pool.parallelism

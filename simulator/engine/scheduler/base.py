@@ -17,7 +17,7 @@ prefill time a cache hit saved — the instance does when it applies the output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,8 +29,21 @@ class KVLedger(Protocol):
 
     block_size: int
 
+    @property
+    def available(self) -> int:
+        """Blocks an allocation can get now (free, or held only by the prefix cache)."""
+        ...
+
     def blocks_for(self, tokens: int) -> int:
         """Blocks that hold ``tokens`` tokens."""
+        ...
+
+    def owned(self, req: Request) -> int:
+        """Blocks ``req`` holds here, its cached prefix included."""
+        ...
+
+    def prefix_hit(self, req: Request) -> int:
+        """Prompt tokens the prefix cache would spare ``req`` if admitted now."""
         ...
 
     def can_allocate(self, blocks: int) -> bool:
@@ -49,10 +62,12 @@ class KVLedger(Protocol):
         """Free every block ``req`` holds (recompute preemption)."""
         ...
 
-    def admit(self, req: Request, target_tokens: int) -> int | None:
-        """Book the KV of a prompt of ``target_tokens`` tokens (+1 for the first output
-        token), less any prefix-cache hit; return the cached prompt tokens, or None if
-        it does not fit (nothing is booked then)."""
+    def admit(self, req: Request, target_tokens: int,
+              book_tokens: int | None = None) -> int | None:
+        """Admit a prompt of ``target_tokens`` tokens: pin its prefix-cache hit and book
+        KV for its first ``book_tokens`` tokens (default: the whole prompt and the first
+        output token), less the cached blocks; return the cached prompt tokens, or None
+        if it does not fit (nothing is booked then)."""
         ...
 
 
@@ -72,9 +87,10 @@ class EngineLimits:
     """False on a prefill instance: it never decodes."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SchedulerView:
-    """One instance as a policy sees it before a step."""
+    """One instance as a policy sees it before a step (read-only: a policy changes
+    neither the view nor the sequences in it)."""
 
     waiting: Sequence[Request]
     """Queued requests, head first."""
@@ -84,6 +100,18 @@ class SchedulerView:
     """Prefilled requests whose KV waits to be sent (they count toward ``max_running``)."""
     kv: KVLedger
     limits: EngineLimits
+    priority: Callable[[Request], float] | None = None
+    """Lower first: orders the waiting queue (then arrival) and, where the engine does,
+    picks preemption victims (highest value first). None = arrival order."""
+
+
+def ordered_waiting(view: SchedulerView) -> Sequence[Request]:
+    """The waiting queue in the order a policy considers it (the view's own queue, not a
+    copy, when there is no priority key)."""
+    if view.priority is None:
+        return view.waiting
+    key = view.priority
+    return sorted(view.waiting, key=lambda r: (key(r), r.arrival_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +134,11 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     """Running requests whose KV was freed for recompute, in the order they were chosen."""
     admitted: list[Admission] = field(default_factory=list)
-    """Waiting requests admitted, in queue order (the preempted ones go back to the head
-    of the queue first, so an admission may be a request preempted in the same step)."""
+    """Waiting requests admitted. Preempted ones go back to the queue first, so an
+    admission may be a request preempted in the same step."""
+    preempted_to_front: bool = True
+    """Preempted requests go back to the head of the queue (vLLM, TensorRT-LLM) or to
+    its end (SGLang's retraction)."""
 
     @property
     def empty(self) -> bool:
@@ -117,7 +148,18 @@ class SchedulerOutput:
 class Scheduler(Protocol):
     """A serving engine's batching policy."""
 
-    def schedule(self, view: SchedulerView) -> SchedulerOutput: ...
+    def schedule(self, view: SchedulerView) -> SchedulerOutput:
+        """The next step of the instance ``view`` shows."""
+        ...
+
+    def stable(self, view: SchedulerView) -> bool:
+        """Whether, over a stretch of decode-only steps with nothing arriving or leaving,
+        the policy would decide the same each step (so the stretch may be jumped)."""
+        ...
+
+    def advance(self, steps: int) -> None:
+        """``steps`` decode steps ran without being scheduled one by one (a jump)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -125,7 +167,8 @@ class PlainLedger:
     """A ledger over plain numbers, for tests and for reasoning about a policy.
 
     ``free`` blocks can be had; ``blocks`` maps a request id to the blocks it holds;
-    ``hits`` maps a request id to the prompt tokens a prefix cache would spare it.
+    ``hits`` maps a request id to the prompt tokens a prefix cache would spare it (whole
+    blocks).
     """
 
     free: int
@@ -133,8 +176,18 @@ class PlainLedger:
     blocks: dict[int, int] = field(default_factory=dict)
     hits: dict[int, int] = field(default_factory=dict)
 
+    @property
+    def available(self) -> int:
+        return self.free
+
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
+
+    def owned(self, req: Request) -> int:
+        return self.blocks.get(req.id, 0)
+
+    def prefix_hit(self, req: Request) -> int:
+        return self.hits.get(req.id, 0)
 
     def can_allocate(self, blocks: int) -> bool:
         return blocks <= self.free
@@ -151,9 +204,11 @@ class PlainLedger:
     def preempt(self, req: Request) -> None:
         self.free += self.blocks.pop(req.id, 0)
 
-    def admit(self, req: Request, target_tokens: int) -> int | None:
+    def admit(self, req: Request, target_tokens: int,
+              book_tokens: int | None = None) -> int | None:
         hit = self.hits.get(req.id, 0)
-        need = max(0, self.blocks_for(target_tokens + 1) - hit // self.block_size)
+        book = target_tokens + 1 if book_tokens is None else book_tokens
+        need = max(0, self.blocks_for(book) - hit // self.block_size)
         if need > self.free:
             return None
         self.free -= need

@@ -16,8 +16,6 @@ bit for bit; the per-engine policies of ``vllm_v1``, ``trtllm`` and ``sglang`` r
 
 from __future__ import annotations
 
-from collections import deque
-
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler.base import (
     Admission,
@@ -29,15 +27,31 @@ from simulator.engine.scheduler.base import (
 class _Step:
     """The running set as the decisions of one step change it."""
 
-    __slots__ = ("admitted", "out", "preempted", "running", "view", "waiting")
+    __slots__ = ("out", "own", "preempted", "requeued", "running", "taken", "view")
 
     def __init__(self, view: SchedulerView) -> None:
         self.view = view
-        self.running = list(view.running)
+        # The instance's own list until this step changes it (copied on first write).
+        self.running: list[Request] = view.running  # type: ignore[assignment]
+        self.own = False
         self.preempted: set[int] = set()
-        self.waiting: deque[Request] = deque(view.waiting)
-        self.admitted = 0
+        # The queue as this step changes it: the preempted requests (last one first) in
+        # front of view.waiting, of which the first ``taken`` were admitted.
+        self.requeued: list[Request] = []
+        self.taken = 0
         self.out = SchedulerOutput()
+
+    def head(self) -> Request | None:
+        if self.requeued:
+            return self.requeued[-1]
+        waiting = self.view.waiting
+        return waiting[self.taken] if self.taken < len(waiting) else None
+
+    def _mine(self) -> list[Request]:
+        if not self.own:
+            self.running = list(self.running)
+            self.own = True
+        return self.running
 
     def room(self) -> bool:
         v = self.view
@@ -51,57 +65,68 @@ class _Step:
         return req.prefill_target
 
     def preempt(self, req: Request) -> None:
-        self.running.remove(req)
+        self._mine().remove(req)
         self.view.kv.preempt(req)
         self.preempted.add(req.id)
         self.out.preempted.append(req)
-        self.waiting.appendleft(req)
+        self.requeued.append(req)
 
-    def grow_for_decode(self, req: Request) -> bool:
-        """Book KV for ``req``'s next token, preempting the most recently admitted running
-        request not in flight while it does not fit. False if ``req`` cannot decode."""
+    def grow_for_decode(self, req: Request, need: int) -> bool:
+        """Book the ``need`` blocks ``req``'s next token lacks, preempting the most
+        recently admitted running request not in flight while they do not fit. False if
+        ``req`` cannot decode."""
         kv = self.view.kv
-        need = kv.growth_need(req, req.context_tokens + self.view.limits.lookahead)
-        while need > 0 and not kv.can_allocate(need):
+        while not kv.can_allocate(need):
             victim = next((r for r in reversed(self.running) if not r.in_flight), None)
             if victim is None:
                 return False
             self.preempt(victim)
             if victim is req:
                 return False
-        if need > 0:
-            kv.grow(req, need)
+        kv.grow(req, need)
         return True
 
     def decodes(self, limit: int) -> list[Request]:
         chosen: list[Request] = []
         limit = min(limit, self.view.limits.max_num_seqs)
-        for req in list(self.running):
+        kv, lookahead, preempted = self.view.kv, self.view.limits.lookahead, self.preempted
+        items = list(self.running) if self.own else self.running  # preempt copies first
+        for req in items:
             if len(chosen) >= limit:
                 break
             if (req.status is not State.DECODE or req.in_flight
-                    or req.id in self.preempted):
+                    or (preempted and req.id in preempted)):
                 continue
-            if self.grow_for_decode(req):
+            need = kv.growth_need(req, req.context_tokens + lookahead)
+            if need <= 0 or self.grow_for_decode(req, need):
                 chosen.append(req)
-        return [r for r in chosen if r.id not in self.preempted]
+        return [r for r in chosen if r.id not in preempted] if preempted else chosen
 
     def admit(self) -> tuple[Request, int] | None:
         """Admit the queue head if its KV fits: (request, prompt tokens still to compute)."""
-        req = self.waiting[0]
+        req = self.head()
+        assert req is not None
         target = self.target(req)
         cached = self.view.kv.admit(req, target)
         if cached is None:
             return None
-        self.waiting.popleft()
-        self.running.append(req)
-        self.admitted += 1
+        if self.requeued:
+            self.requeued.pop()
+        else:
+            self.taken += 1
+        self._mine().append(req)
         self.out.admitted.append(Admission(req, cached))
         return req, target - cached
 
 
 class DecodeFirstChunked:
     """Decode-first continuous batching with chunked prefill."""
+
+    def stable(self, view: SchedulerView) -> bool:
+        return True
+
+    def advance(self, steps: int) -> None:
+        return None
 
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim = view.limits
@@ -120,7 +145,8 @@ class DecodeFirstChunked:
                 out.chunks.append((req, n))
                 budget -= n
                 seqs += 1
-        while step.waiting and budget > 0 and step.room() and seqs < lim.max_num_seqs:
+        while (step.head() is not None and budget > 0 and step.room()
+               and seqs < lim.max_num_seqs):
             got = step.admit()
             if got is None:
                 break
@@ -135,13 +161,21 @@ class DecodeFirstChunked:
 class PrefillFirst:
     """Whole prompts first; decode steps only when no prompt is admitted."""
 
+    def stable(self, view: SchedulerView) -> bool:
+        return True
+
+    def advance(self, steps: int) -> None:
+        return None
+
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim = view.limits
         step = _Step(view)
         out = step.out
         budget = lim.max_num_batched_tokens
-        while step.waiting and step.room() and len(out.chunks) < lim.max_num_seqs:
-            head = step.waiting[0]
+        while step.room() and len(out.chunks) < lim.max_num_seqs:
+            head = step.head()
+            if head is None:
+                break
             if step.target(head) > budget and out.chunks:  # a larger prompt runs alone
                 break
             got = step.admit()
