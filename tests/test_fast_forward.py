@@ -80,8 +80,10 @@ def assert_same_monitoring(fast: Any, slow: Any, interval_s: float) -> None:
                 assert list(x[col].astype(str)) == list(y[col].astype(str)), col
 
 
-def both(sc, **kw):
-    fast = run(sc.with_(**{"simulation.fast_forward": True}), **kw)
+def both(sc, record_steps: str = "auto", **kw):
+    """Fast-forward (steps kept as ``record_steps`` says) and step by step (every step)."""
+    fast = run(sc.with_(**{"simulation.fast_forward": True,
+                           "simulation.record_steps": record_steps}), **kw)
     slow = run(sc.with_(**{"simulation.fast_forward": False}), **kw)
     return fast, slow
 
@@ -160,10 +162,11 @@ def test_fast_forward_saves_events() -> None:
     disagg=st.booleans(),
     arrival=st.sampled_from(["poisson", "closed_loop", "all_at_once"]),
     dispatch=st.sampled_from(["push", "central_queue"]),
+    record=st.sampled_from(["all", "stretches"]),
     seed=st.integers(0, 10_000),
 )
 def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, util, disagg,
-                                         arrival, dispatch, seed) -> None:
+                                         arrival, dispatch, record, seed) -> None:
     sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "chunked_prefill": chunked,
              "memory_utilization": util}
     pools = ([{"name": "p", "role": "prefill", "device": "L40S", "scheduler": sched},
@@ -182,7 +185,7 @@ def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, u
         "cluster.pools": pools,
         "cluster.router.dispatch": dispatch,
     })
-    fast, slow = both(sc)
+    fast, slow = both(sc, record)
     assert_identical(fast, slow)
 
 
@@ -201,11 +204,12 @@ def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, u
     disagg=st.booleans(),
     fault=st.sampled_from(["none", "link_down", "link_slow", "instance", "straggler"]),
     autoscale=st.booleans(),
+    record=st.sampled_from(["all", "stretches"]),
     seed=st.integers(0, 10_000),
 )
 def test_fast_forward_identical_under_pressure_faults_and_scaling(
         rate, instances, util, prefix, groups, max_out, seqs, policy, disagg, fault,
-        autoscale, seed) -> None:
+        autoscale, record, seed) -> None:
     sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "prefix_caching": True,
              "memory_utilization": util}
     entry: dict[str, Any] = {"name": "main", "device": "L40S", "instances": instances,
@@ -250,7 +254,7 @@ def test_fast_forward_identical_under_pressure_faults_and_scaling(
         "faults": faults,
         "cluster.kv_transfer": {"link": "ethernet-100g"},
     })
-    fast, slow = both(sc)
+    fast, slow = both(sc, record)
     assert_identical(fast, slow, 0.5)
 
 
