@@ -99,7 +99,7 @@ def assert_identical(fast: Any, slow: Any, interval_s: float = 1.0) -> None:
 # changed afterwards: reading them needs no gate.
 CONSTANTS = {"env", "index", "name", "pool", "role", "cost", "sched", "scheduler", "recorder", "pp",
              "fast_forward", "emits_first_token", "max_running", "kv_capacity_tokens",
-             "process", "on_prefill_start"}
+             "process", "on_prefill_start", "on_load_change"}
 
 
 def test_every_public_member_of_an_instance_passes_the_gate() -> None:

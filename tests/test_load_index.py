@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from hypothesis import given, settings
+import pandas as pd
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simulator import run
+from simulator.engine import cluster as cluster_module
 from simulator.engine.load_index import LoadIndex
+from tests.conftest import make_scenario
 
 
 @dataclass(eq=False)
@@ -81,3 +86,51 @@ def test_the_heap_stays_small_under_many_changes() -> None:
         index.mark(m)
         assert index.pick(lambda x: True) is brute(members)
     assert len(index._heap) <= 4 * len(members) + 16
+
+
+# ----- in the engine: the same frames as scanning every instance ----------------------
+ENGINE_POLICIES = ["least_tokens", "least_outstanding", "least_kv"]
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(entry=st.sampled_from(ENGINE_POLICIES), decode=st.sampled_from(ENGINE_POLICIES),
+       disagg=st.booleans(), fault=st.sampled_from(["none", "instance", "straggler"]),
+       rate=st.floats(5.0, 80.0), seqs=st.integers(2, 32), seed=st.integers(0, 10_000))
+def test_routing_through_the_index_equals_scanning(monkeypatch, entry, decode, disagg, fault,
+                                                   rate, seqs, seed) -> None:
+    sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "memory_utilization": 0.45}
+    pools: list[dict[str, Any]] = [{"name": "p", "device": "L40S", "instances": 4,
+                                    "scheduler": sched}]
+    if disagg:
+        pools[0]["role"] = "prefill"
+        pools.append({"name": "d", "role": "decode", "device": "L40S", "instances": 4,
+                      "scheduler": sched})
+    faults: list[dict[str, Any]] = []
+    if fault == "instance":
+        faults.append({"kind": "instance_failure", "target": "d/1" if disagg else "p/1",
+                       "at_s": 0.8, "duration_s": 1.0})
+    elif fault == "straggler":
+        faults.append({"kind": "straggler", "target": "p/0", "at_s": 0.3, "duration_s": 1.0,
+                       "slowdown": 4.0})
+    sc = make_scenario(**{
+        "seed": seed,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": rate},
+        "workload.input_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 2000},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 300},
+        "workload.num_requests": 60,
+        "cluster.pools": pools,
+        "cluster.router.policy": entry,
+        "cluster.router.decode_policy": decode,
+        "faults": faults,
+    })
+    monkeypatch.setattr(cluster_module, "INDEX_FROM", 10**9)
+    scanned = run(sc)
+    monkeypatch.setattr(cluster_module, "INDEX_FROM", 1)
+    indexed = run(sc)
+    pd.testing.assert_frame_equal(scanned.requests, indexed.requests, check_exact=True)
+    pd.testing.assert_frame_equal(scanned.steps, indexed.steps, check_exact=True)
+    assert scanned.summary.keys() == indexed.summary.keys()
+    for key, value in scanned.summary.items():
+        other = indexed.summary[key]
+        assert value == other or (pd.isna(value) and pd.isna(other)), key

@@ -52,12 +52,15 @@ def observes(fn: F) -> F:
 
 
 def mutates(fn: F) -> F:
-    """Gate of an outside write: bring a running jump up to date, then cut it."""
+    """Gate of an outside write: bring a running jump up to date, then cut it; afterwards
+    tell the routers' load index that the instance's load may have changed."""
     @wraps(fn)
     def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
         self._sync()
         self._cut()
-        return fn(self, *args, **kwargs)
+        out = fn(self, *args, **kwargs)
+        self._load_changed()  # a write may change what routers read
+        return out
 
     gated.__gate__ = "mutates"  # type: ignore[attr-defined]
     return gated  # type: ignore[return-value]
