@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from simulator import Simulation, run
 from simulator.engine.cluster import Cluster
+from simulator.engine.fast_forward import growth_blocks
 from simulator.engine.instance import Instance
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
@@ -282,3 +283,16 @@ def test_cancelled_reservation_wakes_an_instance_waiting_for_kv() -> None:
     dec.cancel_reservation(big)
     env.run(until=5.0)
     assert small.status == "completed", small.status
+
+
+# ----- KV growth over a jump, counted in closed form -------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(ctx=st.lists(st.integers(1, 5000), min_size=1, max_size=40),
+       slack=st.lists(st.integers(-1, 3), min_size=40, max_size=40),
+       bs=st.sampled_from([1, 2, 16, 32, 64]), steps=st.integers(1, 400))
+def test_growth_blocks_equal_the_per_step_count(ctx, slack, bs, steps) -> None:
+    c = np.asarray(ctx, dtype=np.int64)
+    held = np.maximum(-(-c // bs) + np.asarray(slack[: len(c)], dtype=np.int64), 0)
+    j = np.arange(steps, dtype=np.int64)
+    per_step = np.maximum(-(-(c[None, :] + j[:, None]) // bs) - held[None, :], 0).sum(axis=1)
+    assert np.array_equal(growth_blocks(c, held, bs, steps), per_step)

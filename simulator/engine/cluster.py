@@ -130,8 +130,10 @@ class Cluster:
         self._decode_index = self._load_index(self.decoders, self.router.decode_policy)
         if self.router.dispatch == "central_queue" or self.router.conditional is not None:
             self._entry_index = None  # those paths need every candidate
-        for inst in self.instances:
-            inst.on_load_change = self._load_changed
+        for index, pool in ((self._entry_index, self.entry),
+                            (self._decode_index, self.decoders)):
+            for inst in pool if index is not None else ():
+                inst.on_load_change = index.mark  # type: ignore[union-attr]
         self._conditional = (ConditionalRouter(self.router.conditional, self._entry_policy,
                                                self.router_state)
                              if self.router.conditional is not None else None)
@@ -152,10 +154,10 @@ class Cluster:
             return None
         return LoadIndex(pool, key)  # type: ignore[arg-type]
 
-    def _load_changed(self, inst: Instance) -> None:
-        for index in (self._entry_index, self._decode_index):
-            if index is not None:
-                index.mark(inst)
+    @staticmethod
+    def _load_changed(inst: Instance) -> None:
+        if inst.on_load_change is not None:
+            inst.on_load_change(inst)
 
     # ----- arrivals ------------------------------------------------------------------
 

@@ -190,6 +190,29 @@ class Jump:
         return finished
 
 
+def growth_blocks(ctx: np.ndarray, held: np.ndarray, block_size: int,
+                  steps: int) -> np.ndarray:
+    """Extra KV blocks the batch holds before each of ``steps`` steps, beyond ``held``.
+
+    Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs. A
+    sequence holding h blocks first needs one more at step f = h*bs - ctx + 1 and then
+    every bs steps, so the total is a running count of those crossings: O(n*steps/bs)
+    work instead of an n x steps matrix.
+    """
+    bs = block_size
+    first = held * bs - ctx + 1
+    if len(first) and first.min() < 1:  # a sequence short of blocks already: count directly
+        j = np.arange(steps, dtype=np.int64)
+        need = -(-(ctx[None, :] + j[:, None]) // bs) - held[None, :]
+        return np.maximum(need, 0).sum(axis=1)
+    first = first[first < steps]
+    counts = (steps - 1 - first) // bs + 1  # crossings of each sequence before ``steps``
+    offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts)
+    at = np.repeat(first, counts) + offsets * bs
+    return np.cumsum(np.bincount(at, minlength=steps))[:steps].astype(np.int64)
+
+
 def plan_jump(decodes: list[Request], kv: BlockManager, cost: InstanceCostModel,
               pinned_blocks: Callable[[Request], int], start: float, queue_len: int,
               running: int) -> Jump | None:
@@ -201,12 +224,8 @@ def plan_jump(decodes: list[Request], kv: BlockManager, cost: InstanceCostModel,
     ctx = np.array([r.prompt_tokens + r.generated for r in decodes], dtype=np.int64)
     pinned = np.array([pinned_blocks(r) for r in decodes], dtype=np.int64)
     held = np.array([r.blocks for r in decodes], dtype=np.int64) + pinned
-    bs = kv.block_size
-    # Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs;
-    # step 0's blocks were allocated when the batch was formed.
+    extra = growth_blocks(ctx, held, kv.block_size, remaining)
     steps = np.arange(remaining, dtype=np.int64)
-    need = -(-(ctx[None, :] + steps[:, None]) // bs) - held[None, :]
-    extra = np.maximum(need, 0).sum(axis=1)
     fits = extra <= kv.available
     k = int(remaining if fits[-1] else np.argmin(fits))
     if k < MIN_JUMP:
