@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator import Simulation, run
+from simulator.engine import fast_forward
 from simulator.engine.cluster import Cluster
 from simulator.engine.fast_forward import growth_blocks
 from simulator.engine.instance import Instance
@@ -296,3 +297,6 @@ def test_growth_blocks_equal_the_per_step_count(ctx, slack, bs, steps) -> None:
     j = np.arange(steps, dtype=np.int64)
     per_step = np.maximum(-(-(c[None, :] + j[:, None]) // bs) - held[None, :], 0).sum(axis=1)
     assert np.array_equal(growth_blocks(c, held, bs, steps), per_step)
+    with pytest.MonkeyPatch.context() as mp:  # the crossing count, however small the batch
+        mp.setattr(fast_forward, "SMALL_GROWTH", 0)
+        assert np.array_equal(growth_blocks(c, held, bs, steps), per_step)

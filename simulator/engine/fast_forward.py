@@ -190,6 +190,10 @@ class Jump:
         return finished
 
 
+SMALL_GROWTH = 4096
+"""Up to this many (step, sequence) pairs, :func:`growth_blocks` counts per pair."""
+
+
 def growth_blocks(ctx: np.ndarray, held: np.ndarray, block_size: int,
                   steps: int) -> np.ndarray:
     """Extra KV blocks the batch holds before each of ``steps`` steps, beyond ``held``.
@@ -201,7 +205,9 @@ def growth_blocks(ctx: np.ndarray, held: np.ndarray, block_size: int,
     """
     bs = block_size
     first = held * bs - ctx + 1
-    if len(first) and first.min() < 1:  # a sequence short of blocks already: count directly
+    # Small batches and short stretches (most jumps): the matrix is fewer numpy calls; and
+    # a sequence already short of blocks is counted directly.
+    if steps * len(ctx) <= SMALL_GROWTH or first.min() < 1:
         j = np.arange(steps, dtype=np.int64)
         need = -(-(ctx[None, :] + j[:, None]) // bs) - held[None, :]
         return np.maximum(need, 0).sum(axis=1)
