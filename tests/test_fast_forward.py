@@ -19,7 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator import Simulation, run
+from simulator.engine import fast_forward
 from simulator.engine.cluster import Cluster
+from simulator.engine.fast_forward import growth_blocks
 from simulator.engine.instance import Instance
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
@@ -80,8 +82,10 @@ def assert_same_monitoring(fast: Any, slow: Any, interval_s: float) -> None:
                 assert list(x[col].astype(str)) == list(y[col].astype(str)), col
 
 
-def both(sc, **kw):
-    fast = run(sc.with_(**{"simulation.fast_forward": True}), **kw)
+def both(sc, record_steps: str = "auto", **kw):
+    """Fast-forward (steps kept as ``record_steps`` says) and step by step (every step)."""
+    fast = run(sc.with_(**{"simulation.fast_forward": True,
+                           "simulation.record_steps": record_steps}), **kw)
     slow = run(sc.with_(**{"simulation.fast_forward": False}), **kw)
     return fast, slow
 
@@ -97,7 +101,7 @@ def assert_identical(fast: Any, slow: Any, interval_s: float = 1.0) -> None:
 # changed afterwards: reading them needs no gate.
 CONSTANTS = {"env", "index", "name", "pool", "role", "cost", "sched", "scheduler", "recorder", "pp",
              "fast_forward", "emits_first_token", "max_running", "kv_capacity_tokens",
-             "process", "on_prefill_start"}
+             "process", "on_prefill_start", "on_load_change"}
 
 
 def test_every_public_member_of_an_instance_passes_the_gate() -> None:
@@ -160,10 +164,11 @@ def test_fast_forward_saves_events() -> None:
     disagg=st.booleans(),
     arrival=st.sampled_from(["poisson", "closed_loop", "all_at_once"]),
     dispatch=st.sampled_from(["push", "central_queue"]),
+    record=st.sampled_from(["all", "stretches"]),
     seed=st.integers(0, 10_000),
 )
 def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, util, disagg,
-                                         arrival, dispatch, seed) -> None:
+                                         arrival, dispatch, record, seed) -> None:
     sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "chunked_prefill": chunked,
              "memory_utilization": util}
     pools = ([{"name": "p", "role": "prefill", "device": "L40S", "scheduler": sched},
@@ -182,7 +187,7 @@ def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, u
         "cluster.pools": pools,
         "cluster.router.dispatch": dispatch,
     })
-    fast, slow = both(sc)
+    fast, slow = both(sc, record)
     assert_identical(fast, slow)
 
 
@@ -201,11 +206,12 @@ def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, u
     disagg=st.booleans(),
     fault=st.sampled_from(["none", "link_down", "link_slow", "instance", "straggler"]),
     autoscale=st.booleans(),
+    record=st.sampled_from(["all", "stretches"]),
     seed=st.integers(0, 10_000),
 )
 def test_fast_forward_identical_under_pressure_faults_and_scaling(
         rate, instances, util, prefix, groups, max_out, seqs, policy, disagg, fault,
-        autoscale, seed) -> None:
+        autoscale, record, seed) -> None:
     sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "prefix_caching": True,
              "memory_utilization": util}
     entry: dict[str, Any] = {"name": "main", "device": "L40S", "instances": instances,
@@ -250,7 +256,7 @@ def test_fast_forward_identical_under_pressure_faults_and_scaling(
         "faults": faults,
         "cluster.kv_transfer": {"link": "ethernet-100g"},
     })
-    fast, slow = both(sc)
+    fast, slow = both(sc, record)
     assert_identical(fast, slow, 0.5)
 
 
@@ -278,3 +284,19 @@ def test_cancelled_reservation_wakes_an_instance_waiting_for_kv() -> None:
     dec.cancel_reservation(big)
     env.run(until=5.0)
     assert small.status == "completed", small.status
+
+
+# ----- KV growth over a jump, counted in closed form -------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(ctx=st.lists(st.integers(1, 5000), min_size=1, max_size=40),
+       slack=st.lists(st.integers(-1, 3), min_size=40, max_size=40),
+       bs=st.sampled_from([1, 2, 16, 32, 64]), steps=st.integers(1, 400))
+def test_growth_blocks_equal_the_per_step_count(ctx, slack, bs, steps) -> None:
+    c = np.asarray(ctx, dtype=np.int64)
+    held = np.maximum(-(-c // bs) + np.asarray(slack[: len(c)], dtype=np.int64), 0)
+    j = np.arange(steps, dtype=np.int64)
+    per_step = np.maximum(-(-(c[None, :] + j[:, None]) // bs) - held[None, :], 0).sum(axis=1)
+    assert np.array_equal(growth_blocks(c, held, bs, steps), per_step)
+    with pytest.MonkeyPatch.context() as mp:  # the crossing count, however small the batch
+        mp.setattr(fast_forward, "SMALL_GROWTH", 0)
+        assert np.array_equal(growth_blocks(c, held, bs, steps), per_step)

@@ -21,13 +21,18 @@ from simulator.engine.config import RouterSpec, SchedulerSpec
 from simulator.engine.disagg_router import ConditionalRouter
 from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, TransferPath
 from simulator.engine.instance import Instance
+from simulator.engine.load_index import LoadIndex
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
-from simulator.engine.router import POLICIES, RouterState
+from simulator.engine.router import MIN_KEYS, POLICIES, RouterState
 from simulator.engine.tier_io import TierRoute
 from simulator.engine.tier_loads import TierLoader
 
 Role = Literal["colocated", "prefill", "decode"]
+
+INDEX_FROM = 8
+"""Pools of at least this many instances route a least-* policy through a maintained
+:class:`~simulator.engine.load_index.LoadIndex` (the same picks as scanning them all)."""
 
 # Policies that pick the instance with the smallest key and keep no state between calls.
 _MIN_KEY_POLICIES = frozenset({"least_kv", "least_outstanding", "least_tokens"})
@@ -121,9 +126,38 @@ class Cluster:
         self.retries = 0
         self._entry_policy = POLICIES[self.router.policy]
         self._decode_policy = POLICIES[self.router.decode_policy]
+        self._entry_index = self._load_index(self.entry, self.router.policy)
+        self._decode_index = self._load_index(self.decoders, self.router.decode_policy)
+        if self.router.dispatch == "central_queue" or self.router.conditional is not None:
+            self._entry_index = None  # those paths need every candidate
+        for index, pool in ((self._entry_index, self.entry),
+                            (self._decode_index, self.decoders)):
+            for inst in pool if index is not None else ():
+                inst.on_load_change = index.mark  # type: ignore[union-attr]
         self._conditional = (ConditionalRouter(self.router.conditional, self._entry_policy,
                                                self.router_state)
                              if self.router.conditional is not None else None)
+
+    def _load_index(self, pool: list[Instance], policy: str) -> LoadIndex[Instance] | None:
+        """A load index for ``pool`` under ``policy``, where it picks exactly as a scan.
+
+        The index needs every fall of a key announced; a jump's lazily booked KV only
+        rises, except where a prefix cache or KV tier may evict while it books, so
+        ``least_kv`` keeps scanning pools with those.
+        """
+        key = MIN_KEYS.get(policy)
+        if key is None or len(pool) < INDEX_FROM:
+            return None
+        if policy == "least_kv" and any(
+                self.specs[x.index].scheduler.prefix_caching or self.specs[x.index].tiers
+                for x in pool):
+            return None
+        return LoadIndex(pool, key)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _load_changed(inst: Instance) -> None:
+        if inst.on_load_change is not None:
+            inst.on_load_change(inst)
 
     # ----- arrivals ------------------------------------------------------------------
 
@@ -155,6 +189,12 @@ class Cluster:
                 req.move_to(State.QUEUED)
                 self.pending_entry.append(req)
                 return
+        elif self._entry_index is not None:
+            pick = self._entry_index.pick(lambda x: x.accepting and x.can_ever_hold(req))
+            if pick is not None:
+                self.tiers.enqueue(pick, req)
+                return
+            candidates = []
         else:
             candidates = [x for x in self.entry if x.accepting and x.can_ever_hold(req)]
         if self._conditional is not None and self._route_local(req, candidates):
@@ -189,6 +229,7 @@ class Cluster:
 
     # ----- completions -----------------------------------------------------------------
     def _complete(self, inst: Instance, req: Request) -> None:
+        self._load_changed(inst)
         self.kv_location.pop(req.id, None)
         self.on_finished(req)
 
@@ -232,6 +273,7 @@ class Cluster:
         req.transfer_start_s = self.env.now
 
     def _prefilled(self, src: Instance, req: Request) -> None:
+        self._load_changed(src)  # running -> held: one fewer outstanding
         req.transfer_wait_s = self.env.now
         early = self.streaming.pop(req.id, None)
         if early is not None:
@@ -246,6 +288,9 @@ class Cluster:
             self.pending_decode.append((req, src))
 
     def _pick_decode(self, req: Request) -> Instance | None:
+        if self._decode_index is not None:
+            return self._decode_index.pick(
+                lambda d: d.accepting and d.can_ever_hold(req) and d.can_reserve(req))
         if self.router.decode_policy in _MIN_KEY_POLICIES:
             # A least-something policy picks the same instance among those that fit as
             # among all, whenever its pick fits: try that first, filter only if not.
@@ -278,6 +323,7 @@ class Cluster:
         return True
 
     def _kv_freed(self, inst: Instance) -> None:
+        self._load_changed(inst)
         if inst.role != "decode":
             if self.router.dispatch == "central_queue" and self.pending_entry:
                 self._pull(inst)

@@ -52,12 +52,15 @@ def observes(fn: F) -> F:
 
 
 def mutates(fn: F) -> F:
-    """Gate of an outside write: bring a running jump up to date, then cut it."""
+    """Gate of an outside write: bring a running jump up to date, then cut it; afterwards
+    tell the routers' load index that the instance's load may have changed."""
     @wraps(fn)
     def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
         self._sync()
         self._cut()
-        return fn(self, *args, **kwargs)
+        out = fn(self, *args, **kwargs)
+        self._load_changed()  # a write may change what routers read
+        return out
 
     gated.__gate__ = "mutates"  # type: ignore[attr-defined]
     return gated  # type: ignore[return-value]
@@ -187,6 +190,35 @@ class Jump:
         return finished
 
 
+SMALL_GROWTH = 4096
+"""Up to this many (step, sequence) pairs, :func:`growth_blocks` counts per pair."""
+
+
+def growth_blocks(ctx: np.ndarray, held: np.ndarray, block_size: int,
+                  steps: int) -> np.ndarray:
+    """Extra KV blocks the batch holds before each of ``steps`` steps, beyond ``held``.
+
+    Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs. A
+    sequence holding h blocks first needs one more at step f = h*bs - ctx + 1 and then
+    every bs steps, so the total is a running count of those crossings: O(n*steps/bs)
+    work instead of an n x steps matrix.
+    """
+    bs = block_size
+    first = held * bs - ctx + 1
+    # Small batches and short stretches (most jumps): the matrix is fewer numpy calls; and
+    # a sequence already short of blocks is counted directly.
+    if steps * len(ctx) <= SMALL_GROWTH or first.min() < 1:
+        j = np.arange(steps, dtype=np.int64)
+        need = -(-(ctx[None, :] + j[:, None]) // bs) - held[None, :]
+        return np.maximum(need, 0).sum(axis=1)
+    first = first[first < steps]
+    counts = (steps - 1 - first) // bs + 1  # crossings of each sequence before ``steps``
+    offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts)
+    at = np.repeat(first, counts) + offsets * bs
+    return np.cumsum(np.bincount(at, minlength=steps))[:steps].astype(np.int64)
+
+
 def plan_jump(decodes: list[Request], kv: BlockManager, cost: InstanceCostModel,
               pinned_blocks: Callable[[Request], int], start: float, queue_len: int,
               running: int) -> Jump | None:
@@ -198,12 +230,8 @@ def plan_jump(decodes: list[Request], kv: BlockManager, cost: InstanceCostModel,
     ctx = np.array([r.prompt_tokens + r.generated for r in decodes], dtype=np.int64)
     pinned = np.array([pinned_blocks(r) for r in decodes], dtype=np.int64)
     held = np.array([r.blocks for r in decodes], dtype=np.int64) + pinned
-    bs = kv.block_size
-    # Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs;
-    # step 0's blocks were allocated when the batch was formed.
+    extra = growth_blocks(ctx, held, kv.block_size, remaining)
     steps = np.arange(remaining, dtype=np.int64)
-    need = -(-(ctx[None, :] + steps[:, None]) // bs) - held[None, :]
-    extra = np.maximum(need, 0).sum(axis=1)
     fits = extra <= kv.available
     k = int(remaining if fits[-1] else np.argmin(fits))
     if k < MIN_JUMP:

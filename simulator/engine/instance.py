@@ -91,6 +91,9 @@ class Instance(ServingProcess):
         self._on_kv_freed = on_kv_freed
         # Called when a request's prefill first starts (a layer-wise KV stream opens).
         self.on_prefill_start = None
+        # Called when the instance's routing load (queue, batch, hand-offs, KV) may have
+        # changed other than by a jump's lazily booked KV growth (engine/load_index.py).
+        self.on_load_change = None
         self.pp = cost.parallelism.pp
         # Speculative decoding: each decode step advances a sequence by a drawn number of
         # tokens (1..k+1) and needs KV room for the k drafts (vLLM's lookahead slots).

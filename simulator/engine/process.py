@@ -65,6 +65,7 @@ class ServingProcess:
     fast_forward: bool
     emits_first_token: bool
     on_prefill_start: Callable[[Any, Request], None] | None
+    on_load_change: Callable[[Any], None] | None
     process: simpy.Process
     _kv: KVManager
     _life: Lifecycle
@@ -82,6 +83,11 @@ class ServingProcess:
     _on_prefilled: Callable[[Any, Request], None]
     _on_complete: Callable[[Any, Request], None]
     _on_kv_freed: Callable[[Any], None]
+
+    def _load_changed(self) -> None:
+        """The routing load may have changed: tell the cluster's load index."""
+        if self.on_load_change is not None:
+            self.on_load_change(self)
 
     def _wake_up(self) -> None:
         if self._life.alive and self._wake is not None and not self._wake.triggered:
@@ -195,6 +201,7 @@ class ServingProcess:
         finished = jump.apply(done, self._kv.blocks, self.recorder, self.index,
                               len(self._waiting), len(self._running))
         self.scheduler.advance(done - 1)  # the first step was scheduled as usual
+        self._load_changed()  # settling may give back KV a reader booked
         for r in finished:
             r.generated = r.output_tokens
             self._complete(r)
@@ -204,6 +211,7 @@ class ServingProcess:
         view = SchedulerView(self._waiting, self._running, len(self._held), self._kv,
                              self._limits)
         out = self.scheduler.schedule(view)
+        self._load_changed()  # admissions and preemptions move queue, batch and KV
         now = self.env.now
         for req in out.preempted:
             self._running.remove(req)

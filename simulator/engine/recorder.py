@@ -1,4 +1,13 @@
-"""Plain, compact records of a run, turned into DataFrames once at the end."""
+"""Plain, compact records of a run, turned into DataFrames once at the end.
+
+Steps are recorded at the granularity ``simulation.record_steps`` asks for (see
+:data:`RECORD_STEPS`). Under ``stretches`` and ``none`` a fast-forward stretch (a run of
+identical-batch decode steps) is kept as one row of what is constant over it (instance,
+sequences, queue, the first step's context) plus five per-step numbers (start, duration,
+compute and memory seconds, bound, KV used): 29 bytes a step instead of 81. The steps
+frame expanded from them equals the per-step frame of ``all`` bit for bit, so every metric
+computed from it is identical.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +42,35 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
 BOUNDS = ("compute", "memory", "communication", "overhead")
 _BOUND_CODE = {name: i for i, name in enumerate(BOUNDS)}
 
+RECORD_STEPS = ("all", "stretches", "none")
+"""``all``: one row per step, as recorded; ``stretches``: one row per fast-forward stretch
+plus its per-step times, the steps frame expanded on demand; ``none``: the same compact
+records during the run, and no steps frame in the result (the summary is computed first)."""
+
+# One row per stretch: what is constant over its steps. ``row_at`` is the number of
+# ordinary step rows recorded before it (where its steps go in the expanded frame);
+# ``offset`` where its per-step values start in STRETCH_STEP_COLUMNS.
+STRETCH_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("instance", "i"),
+    ("steps", "i"),
+    ("decode_seqs", "i"),
+    ("decode_ctx_start", "q"),
+    ("kv_total_blocks", "i"),
+    ("queue_len", "i"),
+    ("running", "i"),
+    ("queue_len_last", "i"),
+    ("running_last", "i"),
+    ("row_at", "q"),
+)
+STRETCH_STEP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("start_s", "d"),
+    ("duration_s", "d"),
+    ("compute_s", "f"),
+    ("memory_s", "f"),
+    ("bound", "b"),
+    ("kv_used_blocks", "i"),
+)
+
 TRANSFER_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "l"),
     ("source", "l"),
@@ -48,8 +86,16 @@ TRANSFER_COLUMNS: tuple[tuple[str, str], ...] = (
 class Recorder:
     """Column arrays for steps and transfers; requests are kept as objects."""
 
-    def __init__(self) -> None:
+    def __init__(self, record_steps: str = "all") -> None:
+        if record_steps not in RECORD_STEPS:
+            raise ValueError(f"record_steps must be one of {', '.join(RECORD_STEPS)}, "
+                             f"not {record_steps!r}")
+        self.record_steps = record_steps
         self.steps: dict[str, array[Any]] = {name: array(code) for name, code in STEP_COLUMNS}
+        self.stretches: dict[str, array[Any]] = {
+            name: array(code) for name, code in STRETCH_COLUMNS}
+        self.stretch_steps: dict[str, array[Any]] = {
+            name: array(code) for name, code in STRETCH_STEP_COLUMNS}
         self.transfers: dict[str, array[Any]] = {
             name: array(code) for name, code in TRANSFER_COLUMNS}
         self.requests: list[Request] = []
@@ -84,6 +130,10 @@ class Recorder:
                    compute_s: np.ndarray, memory_s: np.ndarray) -> None:
         """Rows of ``len(starts)`` consecutive decode-only steps (a fast-forward jump)."""
         n = len(starts)
+        if self.record_steps != "all" and n:
+            self._stretch(instance, starts, durations, decode_seqs, decode_ctx, kv_used,
+                          kv_total, queue_len, running, bounds, compute_s, memory_s)
+            return
         s = self.steps
         s["instance"].extend([instance] * n)
         s["start_s"].extend(starts.tolist())
@@ -102,6 +152,36 @@ class Recorder:
         s["memory_s"].extend(np.asarray(memory_s, dtype=float).tolist())
         s["decode_tokens"].extend([decode_seqs] * n)
 
+    def _stretch(self, instance: int, starts: np.ndarray, durations: np.ndarray,
+                 decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
+                 kv_total: int, queue_len: np.ndarray, running: np.ndarray,
+                 bounds: np.ndarray, compute_s: np.ndarray, memory_s: np.ndarray) -> None:
+        """One stretch row; only the last step's queue and batch may differ (a cut)."""
+        n = len(starts)
+        ctx = np.asarray(decode_ctx, dtype=np.int64)
+        queue = np.asarray(queue_len, dtype=np.int64)
+        run = np.asarray(running, dtype=np.int64)
+        if n > 1 and ((queue[:-1] != queue[0]).any() or (run[:-1] != run[0]).any()
+                      or (np.diff(ctx) != decode_seqs).any()):
+            raise ValueError("a stretch's steps must share queue, batch and context growth")
+        t = self.stretches
+        t["instance"].append(instance)
+        t["steps"].append(n)
+        t["decode_seqs"].append(decode_seqs)
+        t["decode_ctx_start"].append(int(ctx[0]))
+        t["kv_total_blocks"].append(kv_total)
+        t["queue_len"].append(int(queue[0]))
+        t["running"].append(int(run[0]))
+        t["queue_len_last"].append(int(queue[-1]))
+        t["running_last"].append(int(run[-1]))
+        t["row_at"].append(len(self.steps["instance"]))
+        p = self.stretch_steps
+        for name, values in (("start_s", starts), ("duration_s", durations),
+                             ("compute_s", compute_s), ("memory_s", memory_s),
+                             ("bound", bounds), ("kv_used_blocks", kv_used)):
+            col = p[name]
+            col.frombytes(np.ascontiguousarray(values, dtype=col.typecode).tobytes())
+
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
         t = self.transfers
@@ -118,12 +198,18 @@ class Recorder:
         self.events.append((time_s, kind, detail))
 
     # ----- frames ----------------------------------------------------------------------
-    def steps_frame(self, instance_names: list[str], pool_names: list[str]) -> pd.DataFrame:
-        cols: dict[str, Any] = {k: np.frombuffer(v, dtype=v.typecode) if len(v) else
-                                np.array([], dtype=v.typecode) for k, v in self.steps.items()}
+    def steps_frame(self, instance_names: list[str], pool_names: list[str],
+                    columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+        """One row per step in the order recorded, stretches expanded in place.
+
+        ``columns`` keeps only these recorded columns (plus the instance's name and pool),
+        for a caller that needs a few of them from a large run.
+        """
+        cols = self._step_columns(columns)
         df = pd.DataFrame(cols, copy=False)
-        df["bound"] = pd.Categorical.from_codes(df["bound"].to_numpy(np.int8),
-                                                categories=pd.Index(list(BOUNDS)))
+        if "bound" in df:
+            df["bound"] = pd.Categorical.from_codes(df["bound"].to_numpy(np.int8),
+                                                    categories=pd.Index(list(BOUNDS)))
         codes = df["instance"].to_numpy()
         # Names as categoricals: one small int per row instead of an object pointer.
         df.insert(1, "instance_name", pd.Series(pd.Categorical.from_codes(
@@ -133,8 +219,90 @@ class Recorder:
         df.insert(2, "pool", pd.Series(pd.Categorical.from_codes(
             pool_codes[codes] if len(codes) else codes, categories=pd.Index(pools)),
             index=df.index))
-        df["end_s"] = df["start_s"] + df["duration_s"]
+        if "start_s" in df and "duration_s" in df:
+            df["end_s"] = df["start_s"] + df["duration_s"]
         return df
+
+    def stretches_frame(self, instance_names: list[str], pool_names: list[str]) -> pd.DataFrame:
+        """One row per fast-forward stretch recorded compactly (``stretches``/``none``).
+
+        ``start_s``/``end_s`` span its steps; ``kv_used_start``/``kv_used_end`` are the KV
+        of its first and last step (each after its own allocation); ``queue_len`` and
+        ``running`` hold for every step but the last, which records ``*_last`` (the state
+        when the stretch was cut); ``busy_s`` is the sum of its step durations.
+        """
+        t = {k: _column(v) for k, v in self.stretches.items()}
+        p = {k: _column(v) for k, v in self.stretch_steps.items()}
+        counts = t["steps"].astype(np.int64)
+        first = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        last = first + counts - 1
+        df = pd.DataFrame({k: v for k, v in t.items() if k != "row_at"})
+        names = np.asarray(instance_names, dtype=object)
+        pools = np.asarray(pool_names, dtype=object)
+        inst = t["instance"]
+        df.insert(1, "instance_name", names[inst] if len(inst) else [])
+        df.insert(2, "pool", pools[inst] if len(inst) else [])
+        if len(counts):
+            df["start_s"] = p["start_s"][first]
+            df["end_s"] = p["start_s"][last] + p["duration_s"][last]
+            df["busy_s"] = np.add.reduceat(p["duration_s"], first)
+            df["kv_used_start"] = p["kv_used_blocks"][first]
+            df["kv_used_end"] = p["kv_used_blocks"][last]
+        else:
+            for col in ("start_s", "end_s", "busy_s", "kv_used_start", "kv_used_end"):
+                df[col] = []
+        return df
+
+    def _step_columns(self, columns: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        names = [n for n, _ in STEP_COLUMNS
+                 if columns is None or n in columns or n == "instance"]
+        cols = {k: _column(self.steps[k]) for k in names}
+        if not len(self.stretches["instance"]):
+            return cols
+        t = {k: _column(v) for k, v in self.stretches.items()}
+        p = {k: _column(v) for k, v in self.stretch_steps.items()}
+        counts = t["steps"].astype(np.int64)
+        total_stretch = int(counts.sum())
+        n_rows = len(self.steps["instance"])
+        # Where each stretch's first step and each ordinary row go in the expanded frame:
+        # a stretch follows the ``row_at`` ordinary rows recorded before it, plus the steps
+        # of the stretches before it; an ordinary row follows the stretches recorded
+        # before it.
+        before = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        first = t["row_at"] + before
+        is_stretch = np.zeros(n_rows + total_stretch, dtype=bool)
+        within = np.arange(total_stretch) - np.repeat(before, counts)
+        stretch_pos = np.repeat(first, counts) + within
+        is_stretch[stretch_pos] = True
+        which = np.repeat(np.arange(len(counts)), counts)  # stretch of each stretch step
+        last = within == counts[which] - 1
+        out: dict[str, np.ndarray] = {}
+        for name, code in STEP_COLUMNS:
+            if name not in cols:
+                continue
+            full = np.empty(n_rows + total_stretch, dtype=np.dtype(code))
+            full[~is_stretch] = cols[name]
+            if name in p:
+                values = p[name]
+            elif name == "instance":
+                values = t["instance"][which]
+            elif name == "busy_s":
+                values = p["duration_s"]  # one stage: the device is busy all step
+            elif name in ("prefill_tokens", "prefill_seqs"):
+                values = np.zeros(total_stretch, dtype=np.int64)
+            elif name in ("decode_seqs", "decode_tokens"):
+                values = t["decode_seqs"][which]
+            elif name == "decode_ctx_tokens":
+                values = t["decode_ctx_start"][which] + t["decode_seqs"][which].astype(
+                    np.int64) * within
+            elif name in ("queue_len", "running"):
+                values = np.where(last, t[f"{name}_last"][which], t[name][which])
+            else:  # kv_total_blocks
+                values = t[name][which]
+            # Per-step values were appended stretch after stretch: already in this order.
+            full[stretch_pos] = values
+            out[name] = full
+        return out
 
     def transfers_frame(self, instance_names: list[str], link_names: list[str]) -> pd.DataFrame:
         cols = {k: np.frombuffer(v, dtype=v.typecode) if len(v) else
@@ -166,3 +334,8 @@ class Recorder:
         df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
         df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+def _column(values: array[Any]) -> np.ndarray:
+    return (np.frombuffer(values, dtype=values.typecode) if len(values)
+            else np.array([], dtype=values.typecode))

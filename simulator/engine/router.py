@@ -44,19 +44,31 @@ def round_robin(candidates: Sequence[Routable], _req: Request, state: RouterStat
     return candidates[i % len(candidates)]
 
 
+def outstanding_key(c: Routable) -> tuple[int, int]:
+    return (c.outstanding, c.index)
+
+
+def tokens_key(c: Routable) -> tuple[int, int, int]:
+    return (c.queued_tokens, c.outstanding, c.index)
+
+
+def kv_key(c: Routable) -> tuple[float, int, int]:
+    return (c.kv_load, c.outstanding, c.index)
+
+
 def least_outstanding(candidates: Sequence[Routable], _req: Request, _s: RouterState,
                       _k: str) -> Routable:
-    return min(candidates, key=lambda c: (c.outstanding, c.index))
+    return min(candidates, key=outstanding_key)
 
 
 def least_tokens(candidates: Sequence[Routable], _req: Request, _s: RouterState,
                  _k: str) -> Routable:
-    return min(candidates, key=lambda c: (c.queued_tokens, c.outstanding, c.index))
+    return min(candidates, key=tokens_key)
 
 
 def least_kv(candidates: Sequence[Routable], _req: Request, _s: RouterState,
              _k: str) -> Routable:
-    return min(candidates, key=lambda c: (c.kv_load, c.outstanding, c.index))
+    return min(candidates, key=kv_key)
 
 
 def power_of_two(candidates: Sequence[Routable], _req: Request, state: RouterState,
@@ -107,3 +119,12 @@ POLICIES: Mapping[str, Policy] = MappingProxyType({
     "kv_aware": kv_aware,
 })
 """The routing policies by name, read-only: per-run state lives in :class:`RouterState`."""
+
+MIN_KEYS: Mapping[str, Callable[[Routable], tuple[float, ...]]] = MappingProxyType({
+    "least_outstanding": outstanding_key,
+    "least_tokens": tokens_key,
+    "least_kv": kv_key,
+})
+"""The policies that pick the least key and keep no state, with their keys (each ends with
+the instance index, so there are no ties): a cluster may keep them in a
+:class:`~simulator.engine.load_index.LoadIndex` instead of scanning every instance."""

@@ -67,6 +67,11 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
     return out
 
 
+SUMMARY_STEP_COLUMNS = ("instance", "start_s", "duration_s", "busy_s", "decode_seqs",
+                        "decode_tokens")
+"""The step columns :func:`summarize` reads (with ``pool``)."""
+
+
 def itl_gaps(steps: pd.DataFrame) -> np.ndarray:
     """Inter-token gap each step gives the sequences it decodes.
 

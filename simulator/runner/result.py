@@ -12,19 +12,60 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from simulator.engine.recorder import Recorder
 from simulator.scenario.schema import Scenario
+
+
+class StepRecords:
+    """The steps of a run as ``simulation.record_steps`` kept them.
+
+    ``all``: the per-step frame, built at the end of the run. ``stretches``: compact
+    records, the per-step frame expanded (identically) the first time it is read.
+    ``none``: no steps (an empty frame).
+    """
+
+    def __init__(self, recorder: Recorder, instance_names: list[str], pool_names: list[str],
+                 mode: str) -> None:
+        self.mode = mode
+        self._names, self._pools = instance_names, pool_names
+        self._recorder: Recorder | None = recorder if mode == "stretches" else None
+        self._frame: pd.DataFrame | None = None
+        if mode == "all":
+            self._frame = recorder.steps_frame(instance_names, pool_names)
+        elif mode == "none":
+            self._frame = Recorder().steps_frame(instance_names, pool_names)
+
+    def frame(self) -> pd.DataFrame:
+        if self._frame is None:
+            assert self._recorder is not None
+            self._frame = self._recorder.steps_frame(self._names, self._pools)
+        return self._frame
+
+    def stretches(self) -> pd.DataFrame:
+        rec = self._recorder or Recorder()
+        return rec.stretches_frame(self._names, self._pools)
 
 
 @dataclass
 class RunResult:
     scenario: Scenario
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    step_records: StepRecords
     transfers: pd.DataFrame
     summary: dict[str, Any]
     events: pd.DataFrame = field(default_factory=pd.DataFrame)
     wall_s: float = 0.0
     sim_events: int = 0
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per step (see docs/metrics.md); empty under ``record_steps: none``."""
+        return self.step_records.frame()
+
+    @property
+    def stretches(self) -> pd.DataFrame:
+        """One row per compactly kept decode stretch (``record_steps: stretches``)."""
+        return self.step_records.stretches()
 
     def monitoring(self, interval_s: float | None = None, *,
                    per_instance: bool = False) -> pd.DataFrame:
@@ -32,6 +73,9 @@ class RunResult:
         (default: the scenario's ``simulation.monitor_interval_s``)."""
         from simulator.metrics.monitoring import instance_timeseries, pool_timeseries
 
+        if self.step_records.mode == "none":
+            raise ValueError("monitoring needs the steps: this run had simulation.record_steps: "
+                             "none (use all or stretches)")
         step = interval_s or self.scenario.simulation.monitor_interval_s
         if per_instance:
             return instance_timeseries(self.steps, step)
@@ -46,11 +90,12 @@ class RunResult:
             yaml.safe_dump(self.scenario.model_dump(mode="json"), sort_keys=False))
         if frames:
             self.requests.to_parquet(out / "requests.parquet", index=False)
-            self.steps.to_parquet(out / "steps.parquet", index=False)
+            if self.step_records.mode != "none":
+                self.steps.to_parquet(out / "steps.parquet", index=False)
             self.transfers.to_parquet(out / "transfers.parquet", index=False)
             if len(self.events):
                 self.events.to_parquet(out / "events.parquet", index=False)
-            if len(self.steps):
+            if self.step_records.mode != "none" and len(self.steps):
                 self.monitoring(per_instance=True).to_parquet(out / "monitoring.parquet",
                                                               index=False)
         return out

@@ -20,6 +20,7 @@ from simulator.engine.router import RouterState
 from simulator.engine.workload import Workload
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import (
+    SUMMARY_STEP_COLUMNS,
     add_latency_columns,
     local_prefill_share,
     summarize,
@@ -29,12 +30,32 @@ from simulator.runner.budget import check_budget, estimate_run
 from simulator.runner.build import ClusterPlan, build_plan, with_resolved_precision
 from simulator.runner.checks import VLLM_CONTEXT_RULE, check_context
 from simulator.runner.progress import ProgressCallback, RunProgress, run_until
-from simulator.runner.result import RunResult
+from simulator.runner.result import RunResult, StepRecords
 from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
 
+LARGE_RUN_REQUESTS = 100_000
+"""Above this many requests ``record_steps: auto`` keeps stretches, not every step."""
+
 STREAMS = ("arrival", "input", "output", "prefix", "routing", "faults", "speculation",
            "session")
+
+
+def record_steps_mode(sc: Scenario) -> str:
+    """``simulation.record_steps`` resolved: ``auto`` is ``stretches`` for a large run.
+
+    A run is large when it asks for more than :data:`LARGE_RUN_REQUESTS` requests, or
+    issues at a known rate for long enough to (rate x duration).
+    """
+    mode = sc.simulation.record_steps
+    if mode != "auto":
+        return mode
+    w = sc.workload
+    expected = w.num_requests
+    rate = getattr(w.arrival, "rate_per_s", None)
+    if expected is None and rate is not None and w.duration_s is not None:
+        expected = int(rate * w.duration_s)
+    return "stretches" if expected is not None and expected > LARGE_RUN_REQUESTS else "all"
 
 
 def spawn_rngs(seed: int) -> dict[str, np.random.Generator]:
@@ -61,7 +82,8 @@ class Simulation:
         wall0 = time.perf_counter()
         env = simpy.Environment()
         rngs = spawn_rngs(sc.seed)
-        recorder = Recorder()
+        mode = record_steps_mode(sc)
+        recorder = Recorder("all" if mode == "all" else "stretches")
         transfer = TransferPlan(sc.cluster.kv_transfer.mode, plan.transfer_path,
                                 plan.model.num_layers)
         router = sc.cluster.router
@@ -123,8 +145,12 @@ class Simulation:
         names = [s.name for s in plan.instances]
         pools = [s.pool for s in plan.instances]
         requests = add_latency_columns(recorder.requests_frame(names))
-        steps = recorder.steps_frame(names, pools)
+        recorder.requests = []  # in the frame now; the objects may go
         transfers = recorder.transfers_frame(names, cluster.link_names)
+        step_records = StepRecords(recorder, names, pools, mode)
+        # The summary reads a few step columns; a compact run expands only those.
+        steps = (step_records.frame() if mode == "all" else
+                 recorder.steps_frame(names, pools, columns=SUMMARY_STEP_COLUMNS))
         slo = sc.slo
         measured, measured_steps = requests, steps
         if workload.measure_from_id:  # warm-ups stay in the frames, not in the summary
@@ -156,8 +182,9 @@ class Simulation:
         wall = time.perf_counter() - wall0
         # SimPy numbers every scheduled event from one per-environment counter.
         sim_events = next(env._eid)
-        return RunResult(with_resolved_precision(sc, plan.model), requests, steps, transfers,
-                         summary, events, wall, sim_events)
+        del steps, measured_steps
+        return RunResult(with_resolved_precision(sc, plan.model), requests, step_records,
+                         transfers, summary, events, wall, sim_events)
 
 
 def run(scenario: Scenario | str | Path, *, seed: int | None = None,

@@ -1,0 +1,86 @@
+"""A maintained least-key index over a pool's instances, for the least-something routers.
+
+``min(candidates, key=...)`` reads every instance's load for every request; on a pool of
+32 instances that is over a hundred gated reads per routed request. This index keeps a
+heap of each member's last-read key and re-reads only what may have changed:
+
+* a member whose key may have gone **down** (or anywhere) since it was read is *marked*
+  (:meth:`LoadIndex.mark`): the instance reports it when its queue, batch, hand-offs or
+  freed KV change, and the cluster when it fails, recovers, drains or is switched;
+* a key may go **up** unannounced: a decode jump books its KV lazily, so the KV load a
+  router would read rises with the clock without an event. A stored key is therefore a
+  lower bound of the member's key, and :meth:`LoadIndex.pick` re-reads the top of the
+  heap until the re-read key equals the stored one: that member's key is then no larger
+  than any other's, the same choice as ``min`` (keys end with the instance index, so
+  there are no ties).
+
+The picks are those of ``min`` over the accepted members, exactly (tests/test_load_index.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+Key = tuple[Any, ...]
+
+
+class LoadIndex(Generic[T]):
+    """Least ``key(member)`` among ``members`` that ``accept`` admits, kept between picks."""
+
+    def __init__(self, members: Sequence[T], key: Callable[[T], Key]) -> None:
+        self._members = list(members)
+        self._key = key
+        self._stored: list[Key | None] = [None] * len(self._members)
+        self._version = [0] * len(self._members)
+        # (key, slot, version): an entry is current while its version is the slot's.
+        self._heap: list[tuple[Key, int, int]] = []
+        self._marked: set[int] = set(range(len(self._members)))
+        self._slot = {id(m): i for i, m in enumerate(self._members)}
+
+    def mark(self, member: T) -> None:
+        """``member``'s key may have changed in any direction: re-read it at the next pick."""
+        slot = self._slot.get(id(member))
+        if slot is not None:
+            self._marked.add(slot)
+
+    def _store(self, slot: int, key: Key) -> tuple[Key, int, int]:
+        self._stored[slot] = key
+        self._version[slot] += 1
+        return (key, slot, self._version[slot])
+
+    def pick(self, accept: Callable[[T], bool]) -> T | None:
+        """The accepted member of least key now, or None if none is accepted."""
+        heap, members, key_of = self._heap, self._members, self._key
+        if self._marked:
+            for slot in sorted(self._marked):
+                key = key_of(members[slot])
+                if key != self._stored[slot]:
+                    heapq.heappush(heap, self._store(slot, key))
+            self._marked.clear()
+            if len(heap) > 4 * len(members) + 16:  # drop superseded entries
+                version = self._version
+                self._heap = heap = [e for e in heap if e[2] == version[e[1]]]
+                heapq.heapify(heap)
+        version = self._version
+        passed: list[tuple[Key, int, int]] = []
+        found: T | None = None
+        while heap:
+            key, slot, ver = heap[0]
+            if ver != version[slot]:  # superseded by a later read
+                heapq.heappop(heap)
+                continue
+            now = key_of(members[slot])
+            if now != key:  # it rose unannounced: put it where it belongs, look again
+                heapq.heapreplace(heap, self._store(slot, now))
+                continue
+            passed.append(heapq.heappop(heap))
+            if accept(members[slot]):
+                found = members[slot]
+                break
+        for entry in passed:  # every member keeps its current entry
+            heapq.heappush(heap, entry)
+        return found

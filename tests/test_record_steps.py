@@ -1,0 +1,161 @@
+"""`simulation.record_steps`: every summary metric identical under every setting.
+
+``stretches`` keeps a fast-forward stretch as one compact row and expands the steps frame
+from it when read: the expanded frame must equal the per-step frame of ``all`` bit for
+bit (so monitoring, ITL and utilisation are those of ``all``), and ``none`` keeps no steps
+frame but the same summary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator import run
+from simulator.cli import main
+from simulator.runner.run import LARGE_RUN_REQUESTS, record_steps_mode
+from tests.conftest import make_scenario
+
+MODES = ("all", "stretches", "none")
+
+
+def _runs(sc: Any) -> dict[str, Any]:
+    return {m: run(sc.with_(**{"simulation.record_steps": m})) for m in MODES}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def assert_same_everywhere(runs: dict[str, Any]) -> None:
+    full, compact, none = runs["all"], runs["stretches"], runs["none"]
+    assert full.summary.keys() == compact.summary.keys() == none.summary.keys()
+    for key, value in full.summary.items():
+        assert _same_value(value, compact.summary[key]), (key, value, compact.summary[key])
+        assert _same_value(value, none.summary[key]), (key, value, none.summary[key])
+    pd.testing.assert_frame_equal(full.steps, compact.steps, check_exact=True)
+    pd.testing.assert_frame_equal(full.monitoring(0.5), compact.monitoring(0.5),
+                                  check_exact=True)
+    pd.testing.assert_frame_equal(full.requests, none.requests, check_exact=True)
+    assert none.steps.empty
+    assert list(none.steps.columns) == list(full.steps.columns)
+
+
+def _scenario(disagg: bool, chunked: bool, prefix: bool, fault: str, seqs: int,
+              max_out: int, rate: float, seed: int) -> Any:
+    sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "chunked_prefill": chunked,
+             "prefix_caching": prefix, "memory_utilization": 0.45}
+    entry: dict[str, Any] = {"name": "main", "device": "L40S", "scheduler": sched}
+    pools = [entry]
+    if disagg:
+        entry["role"] = "prefill"
+        pools.append({"name": "d", "role": "decode", "device": "L40S", "instances": 2,
+                      "scheduler": {**sched, "prefix_caching": False}})
+    faults: list[dict[str, Any]] = []
+    if fault == "instance":
+        faults.append({"kind": "instance_failure", "target": "d/0" if disagg else "main/0",
+                       "at_s": 1.5, "duration_s": 2.0})
+    elif fault == "straggler":
+        faults.append({"kind": "straggler", "target": "main/0", "at_s": 0.7,
+                       "duration_s": 1.5, "slowdown": 3.0})
+    updates: dict[str, Any] = {
+        "seed": seed,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": rate},
+        "workload.input_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 1500},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": max_out},
+        "workload.num_requests": 40,
+        "cluster.pools": pools,
+        "faults": faults,
+    }
+    if prefix:
+        updates["workload.shared_prefix"] = {"tokens": 1200, "groups": 3, "fraction": 0.9}
+        updates["workload.prefix_block_tokens"] = 256
+    return make_scenario(**updates)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    disagg=st.booleans(),
+    chunked=st.booleans(),
+    prefix=st.booleans(),
+    fault=st.sampled_from(["none", "instance", "straggler"]),
+    seqs=st.integers(1, 48),
+    max_out=st.integers(1, 400),
+    rate=st.floats(0.5, 30.0),
+    seed=st.integers(0, 10_000),
+)
+def test_every_setting_gives_the_same_summary_and_frames(disagg, chunked, prefix, fault, seqs,
+                                                         max_out, rate, seed) -> None:
+    assert_same_everywhere(_runs(_scenario(disagg, chunked, prefix, fault, seqs, max_out,
+                                           rate, seed)))
+
+
+def test_a_long_decode_run_is_kept_as_few_stretches() -> None:
+    # Long outputs at a low rate: decode-only stretches of many steps.
+    sc = make_scenario(**{"workload.output_tokens": {"kind": "fixed", "tokens": 400},
+                          "workload.arrival.rate_per_s": 1.0, "workload.num_requests": 20})
+    runs = _runs(sc)
+    assert_same_everywhere(runs)
+    stretches = runs["stretches"].stretches
+    steps = runs["all"].steps
+    assert 0 < len(stretches) < len(steps) / 5
+    # The stretch rows agree with the steps they stand for.
+    in_stretches = int(stretches["steps"].sum())
+    decode_only = steps[(steps["prefill_seqs"] == 0)]
+    assert in_stretches <= len(decode_only)
+    first = stretches.iloc[0]
+    rows = steps[(steps["instance"] == first["instance"])
+                 & (steps["start_s"] >= first["start_s"])].head(int(first["steps"]))
+    assert float(rows["start_s"].iloc[0]) == first["start_s"]
+    assert float(rows["end_s"].iloc[-1]) == first["end_s"]
+    assert int(rows["kv_used_blocks"].iloc[0]) == first["kv_used_start"]
+    assert int(rows["kv_used_blocks"].iloc[-1]) == first["kv_used_end"]
+    assert int(rows["decode_ctx_tokens"].iloc[0]) == first["decode_ctx_start"]
+    assert np.isclose(rows["duration_s"].sum(), first["busy_s"], rtol=1e-12)
+    # Under `all` nothing is kept as stretches.
+    assert runs["all"].stretches.empty
+
+
+def test_none_has_no_monitoring_and_saves_no_steps(tmp_path) -> None:
+    res = run(make_scenario(**{"simulation.record_steps": "none"}))
+    with pytest.raises(ValueError, match="record_steps: none"):
+        res.monitoring()
+    out = res.save(tmp_path / "run")
+    assert (out / "requests.parquet").exists()
+    assert not (out / "steps.parquet").exists()
+
+
+def test_auto_keeps_stretches_for_large_runs_only() -> None:
+    small = make_scenario(**{"workload.num_requests": LARGE_RUN_REQUESTS})
+    large = make_scenario(**{"workload.num_requests": LARGE_RUN_REQUESTS + 1})
+    day = make_scenario(**{"workload.num_requests": None, "workload.duration_s": 86_400.0,
+                           "workload.arrival.rate_per_s": 5.0})
+    assert record_steps_mode(small) == "all"
+    assert record_steps_mode(large) == "stretches"
+    assert record_steps_mode(day) == "stretches"
+    assert record_steps_mode(large.with_(**{"simulation.record_steps": "all"})) == "all"
+
+
+def test_bad_record_steps_is_a_one_line_error(tmp_path, capsys) -> None:
+    sc = make_scenario().model_dump(mode="json")
+    sc["simulation"]["record_steps"] = "every"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "Traceback" not in err
+    assert str(path) in err
+    assert "simulation.record_steps" in err
+    assert "stretches" in err
