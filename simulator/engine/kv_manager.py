@@ -107,6 +107,16 @@ class KVManager:
         return hit * cache.block_tokens
 
     # ----- freeing and hand-offs -------------------------------------------------------
+    @staticmethod
+    def computed_tokens(req: Request) -> int:
+        """Tokens whose KV ``req`` holds here: while prefilling, the chunks done so far
+        (KV is booked per chunk, so a request preempted or cancelled mid-prefill owns no
+        more); after it, the prompt and the reply but its last token (sampled, never fed
+        back). vLLM caches generated blocks too: a multi-turn session finds its history."""
+        if req.in_prefill:
+            return req.prefilled
+        return req.prompt_tokens + max(0, req.generated - 1)
+
     def free_request(self, req: Request, owned: int) -> None:
         """Give back a request's KV; with a prefix cache its full prompt blocks stay cached."""
         cache = self.cache
@@ -114,11 +124,7 @@ class KVManager:
             self.blocks.release(owned)
             return
         pins = req.cache_pins
-        # Every full block whose KV was computed: the prompt's and the reply's (all but the
-        # last token, which was sampled and never fed back), as vLLM caches generated
-        # blocks too; a multi-turn session's next turn finds its history.
-        computed_tokens = req.prompt_tokens + max(0, req.generated - 1)
-        full = min(len(req.block_hashes), computed_tokens // cache.block_tokens)
+        full = min(len(req.block_hashes), self.computed_tokens(req) // cache.block_tokens)
         computed = req.block_hashes[pins:full]
         kept = cache.insert(computed) * cache.blocks_per_entry
         kept = min(kept, owned)
