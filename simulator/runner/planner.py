@@ -37,7 +37,7 @@ from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_device
 from simulator.runner.build import build_plan
 from simulator.runner.executors import Executor, make_executor
-from simulator.runner.goodput import GoodputSpec
+from simulator.runner.goodput import GoodputSpec, attainment_of
 from simulator.runner.plan_capacity import capacity
 from simulator.runner.plan_spec import (
     Candidate,
@@ -192,7 +192,7 @@ class Planner:
                 if row.get("status") != "ok":
                     self.reject(family, f"simulation failed: {row.get('error')}")
                     del active[family]
-                elif float(row.get("slo_attainment", 0.0)) >= self.spec.attainment:
+                elif attainment_of(row) >= self.spec.attainment:  # every class's SLO
                     self.feasible.append(cand)
                     del active[family]
                 elif tries + 1 >= self.spec.max_simulations_per_family:
