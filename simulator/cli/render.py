@@ -58,14 +58,10 @@ _CLASS_COLUMNS = (("requests", "requests", 1.0), ("completed", "completed", 1.0)
                   ("TPOT p90 (ms)", "tpot_p90_s", 1e3), ("E2E p90 (s)", "e2e_p90_s", 1.0))
 
 
-def class_names(summary: dict[str, Any]) -> list[str]:
-    """Request classes of a summary (``class_<name>_requests`` keys), in their order."""
-    return [k[len("class_"):-len("_requests")] for k in summary
-            if k.startswith("class_") and k.endswith("_requests")]
-
-
 def classes_table(summary: dict[str, Any]) -> Table | None:
     """One row per request class, each against its own SLO; None without classes."""
+    from simulator.metrics.classes import class_names
+
     names = class_names(summary)
     if not names:
         return None

@@ -11,7 +11,7 @@ request is one row, and these are the definitions of :mod:`simulator.metrics.sum
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,6 +36,12 @@ class ClassLike(Protocol):
     def name(self) -> str: ...
     @property
     def slo(self) -> Targets | None: ...
+
+
+def class_names(summary: Mapping[str, Any]) -> list[str]:
+    """Request classes of a run summary (its ``class_<name>_requests`` keys), in order."""
+    return [k[len("class_"):-len("_requests")] for k in summary
+            if k.startswith("class_") and k.endswith("_requests")]
 
 
 def met_slo(requests: pd.DataFrame, classes: Sequence[ClassLike], default: Targets) -> pd.Series:

@@ -233,6 +233,8 @@ def _row(spec: PlanSpec, cand: Candidate) -> dict[str, Any]:
         **{k: s.get(k, math.nan) for k in keep},
         "target_rate_per_s": spec.rate,
     }
+    if "slo_attainment_min_class" in s:  # request classes: the class the target binds on
+        row["slo_attainment_min_class"] = s["slo_attainment_min_class"]
     for role, shape, n in zip(cand.family.roles, cand.family.shapes, cand.counts, strict=True):
         row[f"{role}_device"], row[f"{role}_tp"] = shape.device, shape.tp
         row[f"{role}_pp"], row[f"{role}_instances"] = shape.pp, n
