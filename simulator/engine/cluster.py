@@ -503,6 +503,12 @@ class Cluster:
         self.kv_location.pop(req.id, None)
         self._route(req)
 
+    def stop(self) -> None:
+        """The clock has stopped: every instance books what ended by now (no more events
+        run after this)."""
+        for inst in self.instances:
+            inst.stop()
+
     def recover_instance(self, inst: Instance) -> None:
         if inst.alive:
             return

@@ -1,4 +1,6 @@
-"""Waiting queues and preemption victims of vLLM's scheduling policies.
+"""The waiting-queue disciplines of vLLM's scheduling policies, for queues outside an
+instance (the router's central queue); an instance's scheduler orders its own queue by
+the same key through ``SchedulerView.priority`` (scheduler/vllm_v1.py).
 
 vLLM V1 (``vllm/v1/core/sched/request_queue.py`` and ``scheduler.py``, v0.10) has two
 policies behind ``--scheduling-policy``:
@@ -12,9 +14,9 @@ policies behind ``--scheduling-policy``:
   latest-arrived running request.
 
 Ties beyond (priority, arrival) break by request id, so the order never depends on the
-heap's insertion history. Both queues offer the deque operations the instance and the
-cluster use (``append``, ``appendleft``, ``popleft``, ``[0]``, ``remove``, ``clear``,
-iteration), so swapping the policy changes nothing else.
+heap's insertion history. Both queues offer the deque operations the cluster uses
+(``append``, ``appendleft``, ``popleft``, ``[0]``, ``remove``, ``clear``, iteration), so
+swapping the policy changes nothing else.
 """
 
 from __future__ import annotations
@@ -105,14 +107,3 @@ def make_queue(policy: Policy, items: Iterable[Request] = ()) -> WaitingQueue:
     if policy == "priority":
         return PriorityQueue(items)
     return deque(items)
-
-
-def choose_victim(running: list[Request], policy: Policy) -> Request | None:
-    """The running request to preempt when KV runs out (None if all are in flight).
-
-    Requests in flight in another pipeline micro-batch cannot be preempted.
-    """
-    if policy == "priority":
-        candidates = [r for r in running if not r.in_flight]
-        return max(candidates, key=priority_key) if candidates else None
-    return next((r for r in reversed(running) if not r.in_flight), None)

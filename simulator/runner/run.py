@@ -147,6 +147,7 @@ class Simulation:
         except RuntimeError as exc:  # nothing left to happen: stuck requests stay in flight
             if "No scheduled events left" not in str(exc):
                 raise
+        cluster.stop()
         for req in recorder.requests:
             if not req.ended:
                 req.reason = req.reason or f"still {req.status} when the clock stopped"
