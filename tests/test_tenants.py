@@ -292,3 +292,36 @@ def test_cli_prints_a_table_per_class(tmp_path: Path) -> None:
     assert "per class (each against its own SLO)" in out.output
     assert "premium" in out.output
     assert "batch" in out.output
+
+
+# ----- the single-class spec is one class named default --------------------------------
+def as_default_class(sc: Scenario) -> Scenario:
+    """``sc``'s single-class workload written out as ``classes: [{name: default}]``."""
+    data = sc.model_dump(mode="json")
+    w = data["workload"]
+    cls = {"name": "default", **{k: w.pop(k) for k in ("arrival", "input_tokens",
+                                                        "output_tokens", "shared_prefix")}}
+    w["classes"] = [{k: v for k, v in cls.items() if v is not None}]
+    return Scenario.model_validate(data)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"workload.arrival": {"kind": "gamma", "rate_per_s": 8.0, "cv": 3.0},
+     "workload.shared_prefix": {"tokens": 512, "groups": 3, "fraction": 0.5},
+     "cluster.pools.main.scheduler.prefix_caching": True},
+    {"workload.arrival": {"kind": "on_off", "on_rate_per_s": 20.0, "on_s": 1.0,
+                          "off_s": 2.0}, "workload.num_requests": None,
+     "workload.duration_s": 6.0},
+    {"workload.arrival": {"kind": "all_at_once"}, "cluster.router.dispatch": "central_queue"},
+])
+def test_a_default_class_written_out_is_the_single_class_workload(
+        overrides: dict[str, Any]) -> None:
+    sc = make_scenario(**overrides)
+    single, written = run(sc), run(as_default_class(sc))
+    assert written.scenario.workload.classes is not None
+    assert single.requests.equals(written.requests)
+    assert single.steps.equals(written.steps)
+    for key in ("completed", "ttft_p90_s", "tpot_p90_s", "e2e_p99_s", "duration_s"):
+        assert single.summary[key] == written.summary[key]
+    assert written.summary["slo_attainment"] == pytest.approx(single.summary["slo_attainment"])

@@ -241,8 +241,9 @@ class WorkloadSpec(Spec):
         "blocks."))
     classes: list[RequestClass] | None = Field(None, min_length=1, description=(
         "Request classes (tenants), each with its own arrivals, lengths, SLOs, priority "
-        "and limits, and its own random streams. Without it the workload is one class "
-        "named `default`."))
+        "and limits, and its own random streams (seeded by the run seed and the class "
+        "name). Without it the workload is one class named `default`, which is what a "
+        "class of that name is."))
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSpec:
@@ -283,7 +284,8 @@ class WorkloadSpec(Spec):
                     and self.num_requests is None):
                 raise ValueError(f"classes[{i}] ({c.name}): bound it with num_requests or "
                                  "duration_s (or set workload.duration_s)")
-            if c.arrival.kind == "all_at_once" and c.num_requests is None:
+            if (c.arrival.kind == "all_at_once" and c.num_requests is None
+                    and self.num_requests is None):
                 raise ValueError(f"classes[{i}] ({c.name}): an all_at_once class needs "
                                  "num_requests")
         return self

@@ -158,7 +158,7 @@ class Request:
         self.completion_s = NAN
         # Traffic class (tenant), its priority (smaller = sooner), and retries: attempt 0
         # is the client's first try; a retry is a new request whose root_id is the first's.
-        self.klass = "default"
+        self.klass = "default"  # tenants.DEFAULT_CLASS
         self.priority = 0
         self.attempt = 0
         self.root_id = rid

@@ -19,10 +19,17 @@ from simulator.engine.config import RequestClass
 from simulator.engine.request import Request
 
 CLASS_STREAMS = ("arrival", "input", "output", "prefix")
+DEFAULT_CLASS = "default"
+"""The class of a workload without ``classes``; a class of this name draws from the run's
+own streams, so ``classes: [{name: default, ...}]`` is that workload written out."""
 
 
-def class_rngs(seed: int, name: str) -> dict[str, np.random.Generator]:
-    """The generators of class ``name``: one per stream, from (seed, name) only."""
+def class_rngs(seed: int, name: str, run_rngs: dict[str, np.random.Generator]
+               ) -> dict[str, np.random.Generator]:
+    """The generators of class ``name``: one per stream, from (seed, name) only (the
+    run's own streams for :data:`DEFAULT_CLASS`)."""
+    if name == DEFAULT_CLASS:
+        return {stream: run_rngs[stream] for stream in CLASS_STREAMS}
     root = np.random.SeedSequence([seed, zlib.crc32(name.encode())])
     return {stream: np.random.default_rng(child)
             for stream, child in zip(CLASS_STREAMS, root.spawn(len(CLASS_STREAMS)),

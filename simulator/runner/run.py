@@ -119,7 +119,7 @@ class Simulation:
             cluster.cancel(req, f"client timeout after {cls.timeout_s:g} s")
 
         workload = Workload(env, sc.workload, rngs, submit, plan.base_dir, cancel=give_up,
-                            class_rngs={c.name: class_rngs(sc.seed, c.name) for c in classes})
+                            class_rngs={c.name: class_rngs(sc.seed, c.name, rngs) for c in classes})
         cluster.on_finished = workload.on_finished
 
         def stop() -> bool:
