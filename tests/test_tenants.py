@@ -325,3 +325,19 @@ def test_a_default_class_written_out_is_the_single_class_workload(
     for key in ("completed", "ttft_p90_s", "tpot_p90_s", "e2e_p99_s", "duration_s"):
         assert single.summary[key] == written.summary[key]
     assert written.summary["slo_attainment"] == pytest.approx(single.summary["slo_attainment"])
+
+
+def test_cli_plots_ttft_by_class_from_a_run_folder(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(with_classes(premium(), batch())
+                                   .model_dump(mode="json", exclude_none=True)))
+    runner = CliRunner()
+    assert runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")]).exit_code == 0
+    res = runner.invoke(app, ["plot", str(tmp_path / "out"), "--kind", "class-cdf",
+                              "--format", "png"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out" / "plots" / "class_cdf.png").stat().st_size > 0

@@ -4,7 +4,7 @@ Nothing in ``engine/`` or ``cost/`` imports this package. ``disagg-sim plot --ki
 wraps it, and each kind has the same name here: ``plots.latency``, ``plots.goodput``,
 ``plots.pareto``, ``plots.pd_heatmap``, ``plots.cdf``, ``plots.timeline``,
 ``plots.monitoring``, ``plots.capacity`` (the descriptive names are kept as well).
-Per request class: ``plots.class_ttft_cdf`` and ``plots.class_outcomes``.
+Per request class: ``plots.class_cdf`` (= ``class_ttft_cdf``) and ``plots.class_outcomes``.
 """
 
 from simulator.plots.classes import class_outcomes, class_ttft_cdf
@@ -29,11 +29,13 @@ cdf = latency_cdf
 timeline = run_timeline
 monitoring = monitoring_plot
 capacity = capacity_vs_rate
+class_cdf = class_ttft_cdf
 
 __all__ = [
     "capacity",
     "capacity_vs_rate",
     "cdf",
+    "class_cdf",
     "class_outcomes",
     "class_ttft_cdf",
     "cost_vs_goodput",
