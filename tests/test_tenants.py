@@ -131,9 +131,12 @@ def test_admission_gate_counts_and_sheds() -> None:
 
 
 @settings(max_examples=8, deadline=None)
-@given(limit=st.integers(1, 6), rate=st.floats(4.0, 40.0))
-def test_admission_limit_is_never_exceeded(limit: int, rate: float) -> None:
-    sc = with_classes(premium(), batch(max_outstanding=limit,
+@given(limit=st.integers(1, 6), rate=st.floats(4.0, 40.0),
+       timeout=st.one_of(st.none(), st.floats(0.2, 5.0)), retries=st.integers(0, 2))
+def test_admission_limit_is_never_exceeded(limit: int, rate: float, timeout: float | None,
+                                           retries: int) -> None:
+    sc = with_classes(premium(), batch(max_outstanding=limit, timeout_s=timeout,
+                                       retries=retries, retry_backoff_s=0.1,
                                        arrival={"kind": "poisson", "rate_per_s": rate}))
     res = run(sc)
     df = res.requests
@@ -146,7 +149,9 @@ def test_admission_limit_is_never_exceeded(limit: int, rate: float) -> None:
     shed = df[df["status"] == "shed"]
     assert (shed["class"] == "batch").all()
     assert res.summary["class_batch_shed"] == len(shed) == res.summary["shed"]
-    assert res.summary["class_batch_completed"] + len(shed) == 40
+    first = df[(df["class"] == "batch") & (df["attempt"] == 0)]
+    assert len(first) == 40
+    assert (df["attempt"] <= retries).all()
 
 
 # ----- priority queue and victim ---------------------------------------------------
