@@ -170,3 +170,28 @@ def test_shed_requests_are_retried_and_counted() -> None:
     assert set(firsts["status"]) <= {"shed", "cancelled"}
     assert "shed" in set(firsts["status"])
     assert res.summary["retried"] == int((df["attempt"] > 0).sum())
+
+
+def test_a_request_cancelled_mid_prefill_caches_only_what_it_computed() -> None:
+    """A long shared prompt cancelled half-way through its chunked prefill leaves only its
+    computed blocks in the prefix cache: the next request with that prompt finds those,
+    not the whole prompt."""
+    cls = {"name": "docs", "arrival": {"kind": "constant", "rate_per_s": 1.0},
+           "input_tokens": {"kind": "fixed", "tokens": 64},
+           "output_tokens": {"kind": "fixed", "tokens": 8}, "num_requests": 2,
+           "shared_prefix": {"tokens": 16384, "groups": 1, "fraction": 1.0}}
+    data = scenario([cls], "colocated").model_dump(mode="json")
+    data["workload"] = {"classes": [cls], "prefix_block_tokens": 256}
+    data["cluster"]["pools"] = [{"name": "main", "device": "H100-SXM", "scheduler": {
+        "max_num_batched_tokens": 512, "prefix_caching": True}}]
+    plain = Scenario.model_validate(data)
+    timed = plain.with_(**{"workload.classes.docs.timeout_s": 0.2})
+    full = run(plain).requests
+    cut = run(timed).requests
+    assert full.loc[1, "cached_tokens"] >= 16384 - 256  # the whole prefix, unhurried
+    first = cut.loc[0]
+    assert first["status"] == "cancelled"
+    # Chunks of 512 tokens: what the first request had prefilled before its client gave
+    # up is a multiple of the chunk; the second finds at most that.
+    second = cut.loc[1]
+    assert 0 < second["cached_tokens"] < 16384 - 256

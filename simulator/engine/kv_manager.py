@@ -107,8 +107,9 @@ class KVManager:
         return hit * cache.block_tokens
 
     # ----- freeing and hand-offs -------------------------------------------------------
-    def free_request(self, req: Request, owned: int) -> None:
-        """Give back a request's KV; with a prefix cache its full prompt blocks stay cached."""
+    def free_request(self, req: Request, owned: int, computed_tokens: int | None = None) -> None:
+        """Give back a request's KV; with a prefix cache its full computed blocks stay
+        cached (at most ``computed_tokens`` of them when a prefill was cut short)."""
         cache = self.cache
         if cache is None or not req.block_hashes:
             self.blocks.release(owned)
@@ -116,9 +117,12 @@ class KVManager:
         pins = req.cache_pins
         # Every full block whose KV was computed: the prompt's and the reply's (all but the
         # last token, which was sampled and never fed back), as vLLM caches generated
-        # blocks too; a multi-turn session's next turn finds its history.
-        computed_tokens = req.prompt_tokens + max(0, req.generated - 1)
-        full = min(len(req.block_hashes), computed_tokens // cache.block_tokens)
+        # blocks too; a multi-turn session's next turn finds its history. A request
+        # cancelled mid-prefill had computed only ``computed_tokens`` of its prompt.
+        tokens = req.prompt_tokens + max(0, req.generated - 1)
+        if computed_tokens is not None:
+            tokens = min(tokens, computed_tokens)
+        full = min(len(req.block_hashes), tokens // cache.block_tokens)
         computed = req.block_hashes[pins:full]
         kept = cache.insert(computed) * cache.blocks_per_entry
         kept = min(kept, owned)

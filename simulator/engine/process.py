@@ -217,7 +217,9 @@ class ServingProcess:
         applies aborts between steps: a step in progress computes on)."""
         for req in self._aborts:
             self._running.remove(req)
-            self._kv.free_request(req, req.blocks)
+            # Only the prompt blocks it had computed can stay in the prefix cache.
+            computed = req.prefilled if req.in_prefill else None
+            self._kv.free_request(req, req.blocks, computed)
             req.blocks = 0
         self._aborts.clear()
         self._on_kv_freed(self)
