@@ -675,7 +675,7 @@ SANE: dict[str, st.SearchStrategy[Any]] = {
 SANE["decode_policy"] = SANE["policy"]
 PRECISIONS = st.sampled_from(["fp32", "bf16", "fp16", "fp8", "int8", "fp4", "int4"])
 # Dropping these changes what the workload means (validators require them here).
-KEEP = {"input_tokens", "output_tokens", "num_requests", "role", "kind"}
+KEEP = {"arrival", "input_tokens", "output_tokens", "num_requests", "role", "kind"}
 
 
 def _sane_for(base: dict[str, Any], path: DocPath) -> st.SearchStrategy[Any] | None:

@@ -46,7 +46,7 @@ from simulator.scenario.load import load_scenario, scenario_dir
 from simulator.scenario.schema import Scenario
 from tests.conftest import REPO, make_scenario
 
-STATUSES = {"completed", "rejected", "failed", "in_flight"}
+STATUSES = {"completed", "rejected", "failed", "in_flight", "shed", "cancelled"}
 EPS = 1e-9
 
 
@@ -79,10 +79,12 @@ def check_invariants(sim: Simulation, res: RunResult) -> None:
     assert set(req["status"]) <= STATUSES
     s = res.summary
     assert s["num_requests"] == len(req)
-    assert s["completed"] + s["rejected"] + s["failed"] + s["in_flight"] == len(req)
+    shed, cancelled = s.get("shed", 0), s.get("cancelled", 0)  # request classes only
+    assert (s["completed"] + s["rejected"] + s["failed"] + s["in_flight"] + shed + cancelled
+            == len(req))
     w = sc.workload
-    if w.num_requests is not None and w.duration_s is None and w.arrival.kind != "trace" \
-            and sc.simulation.max_time_s is None:
+    if w.num_requests is not None and w.duration_s is None and w.classes is None \
+            and not w.is_trace and sc.simulation.max_time_s is None:
         assert len(req) == w.num_requests
     if sc.simulation.max_time_s is None and not faults:
         assert s["in_flight"] == 0, req[req["status"] == "in_flight"]["reason"].head()
@@ -153,9 +155,10 @@ def check_invariants(sim: Simulation, res: RunResult) -> None:
                         or specs[int(i)].first_token == "forwarded_after_transfer")
                     for i in started["prefill_instance"]]
     after_first = int((started["generated_tokens"] - np.asarray(from_prefill, dtype=int)).sum())
-    assert int(steps["decode_seqs"].sum()) <= after_first
+    # A step running when a client gave up computed that request's token, never delivered.
+    assert int(steps["decode_seqs"].sum()) <= after_first + cancelled
     clean = (s["preemptions"] == 0 and int(req["restarts"].sum()) == 0
-             and s["in_flight"] == 0 and s["failed"] == 0)
+             and s["in_flight"] == 0 and s["failed"] == 0 and cancelled == 0)
     if clean:
         assert int(steps["decode_seqs"].sum()) == after_first
         computed = started["prompt_tokens"] - cached[started.index]

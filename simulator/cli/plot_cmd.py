@@ -24,6 +24,7 @@ class Kind(StrEnum):
     timeline = "timeline"
     monitoring = "monitoring"
     capacity = "capacity"
+    class_cdf = "class-cdf"
 
 
 SWEEP_KINDS = {Kind.latency, Kind.goodput, Kind.pareto, Kind.pd_heatmap, Kind.capacity}
@@ -126,6 +127,22 @@ def _run_frames(results: Path, run_ids: list[str] | None, kind: Kind
     return out, slo_targets(chosen), note
 
 
+def _class_ttft_targets(results: Path, slo: dict[str, float]) -> dict[str, float]:
+    """Each request class's TTFT target, from a run folder's resolved scenario (a class
+    without its own SLO has the scenario's)."""
+    resolved = results / "scenario.resolved.yaml"
+    if not resolved.is_file():
+        return {}
+    workload = _read_yaml_mapping(resolved).get("workload") or {}
+    out: dict[str, float] = {}
+    for cls in workload.get("classes") or []:
+        target = ((cls.get("slo") or {}).get("ttft_s") if isinstance(cls, dict) else None)
+        target = target or slo.get("ttft_s")
+        if isinstance(cls, dict) and target:
+            out[str(cls.get("name"))] = float(target)
+    return out
+
+
 def _load_or_rerun(folder: Path, row: pd.Series, meta: dict[str, Any]) -> dict[str, pd.DataFrame]:
     saved = folder / "runs" / row["run_id"]
     if (saved / "requests.parquet").is_file():
@@ -153,7 +170,7 @@ def plot(
     metric: Annotated[str, typer.Option(help="Colour of the P:D heatmap (a results "
                                              "column).")] = "slo_attainment",
     run_id: Annotated[list[str] | None, typer.Option("--run", help="Run id (or prefix) for "
-                                                     "cdf/timeline; repeatable.")] = None,
+                                                     "cdf/timeline/class-cdf; repeatable.")] = None,
     target: Annotated[float, typer.Option(help="SLO attainment target.")] = 0.9,
     formats: Annotated[str, typer.Option("--format", help="Comma-separated image "
                                                           "formats.")] = "png,svg",
@@ -212,6 +229,9 @@ def _figure(results: Path, kind: Kind, *, xcol: str, metric: str,
                 typer.echo(f"note: the CDF shows {note}", err=True)
             fig = plots.latency_cdf({k: v["requests"] for k, v in frames.items()}, slo=slo,
                                     note=note)
+        elif kind == Kind.class_cdf:
+            fig = plots.class_ttft_cdf({k: v["requests"] for k, v in frames.items()},
+                                       _class_ttft_targets(results, slo))
         elif kind == Kind.monitoring:
             from simulator.metrics.monitoring import pool_timeseries
 

@@ -9,10 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 _GROUPS = (
-    ("Requests", ("num_requests", "completed", "failed", "rejected", "in_flight", "preemptions")),
+    ("Requests", ("num_requests", "completed", "failed", "rejected", "shed", "cancelled",
+                  "retried", "in_flight", "preemptions")),
     ("Throughput", ("duration_s", "request_throughput", "input_token_throughput",
                     "output_token_throughput", "total_token_throughput")),
-    ("SLO", ("slo_attainment", "goodput", "goodput_per_device")),
+    ("SLO", ("slo_attainment", "slo_attainment_min_class", "goodput", "goodput_per_device")),
     ("KV cache", ("prefix_hit_rate", "hit_rate_hbm", "hit_rate_dram", "hit_rate_ssd",
                   "hit_rate_remote", "kv_load_seconds", "ttft_seconds_saved",
                   "handoff_tokens_saved", "local_prefill_share")),
@@ -50,8 +51,39 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     return table
 
 
+_CLASS_COLUMNS = (("requests", "requests", 1.0), ("completed", "completed", 1.0),
+                  ("shed", "shed", 1.0), ("cancelled", "cancelled", 1.0),
+                  ("retried", "retried", 1.0), ("attainment", "slo_attainment", 1.0),
+                  ("goodput (req/s)", "goodput", 1.0), ("TTFT p90 (ms)", "ttft_p90_s", 1e3),
+                  ("TPOT p90 (ms)", "tpot_p90_s", 1e3), ("E2E p90 (s)", "e2e_p90_s", 1.0))
+
+
+def classes_table(summary: dict[str, Any]) -> Table | None:
+    """One row per request class, each against its own SLO; None without classes."""
+    from simulator.metrics.classes import class_names
+
+    names = class_names(summary)
+    if not names:
+        return None
+    table = Table(title="per class (each against its own SLO)", header_style="bold")
+    table.add_column("class")
+    for label, _, _ in _CLASS_COLUMNS:
+        table.add_column(label, justify="right")
+    for name in names:
+        cells = []
+        for _, key, scale in _CLASS_COLUMNS:
+            value = summary.get(f"class_{name}_{key}")
+            cells.append(_fmt(value * scale if isinstance(value, float) else value))
+        table.add_row(name, *cells)
+    return table
+
+
 def print_summary(summary: dict[str, Any], title: str, console: Console | None = None) -> None:
-    (console or Console()).print(summary_table(summary, title))
+    console = console or Console()
+    console.print(summary_table(summary, title))
+    per_class = classes_table(summary)
+    if per_class is not None:
+        console.print(per_class)
 
 
 def precision_lines(scenario: Any) -> str:

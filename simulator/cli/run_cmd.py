@@ -91,9 +91,11 @@ def check_outputs(out: Path | None, trace: Path | None) -> None:
 
 
 def with_skip_bad_rows(sc: Scenario, file: str) -> Scenario:
-    if sc.workload.arrival.kind != "trace":
+    if sc.workload.arrival is None or sc.workload.arrival.kind != "trace":
         raise ConfigError("--skip-bad-rows is for trace workloads (workload.arrival.kind: "
-                          f"trace), this one is {sc.workload.arrival.kind!r}", file=file,
+                          f"trace), this one is "
+                          f"{sc.workload.arrival.kind if sc.workload.arrival else 'classes'!r}",
+                          file=file,
                           key="--skip-bad-rows")
     return sc.with_(**{"workload.arrival.skip_bad_rows": True})
 

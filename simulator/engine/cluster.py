@@ -22,9 +22,11 @@ from simulator.engine.disagg_router import ConditionalRouter
 from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, TransferPath
 from simulator.engine.instance import Instance
 from simulator.engine.load_index import LoadIndex
+from simulator.engine.priority import make_queue
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
 from simulator.engine.router import MIN_KEYS, POLICIES, RouterState
+from simulator.engine.tenants import Admission
 from simulator.engine.tier_io import TierRoute
 from simulator.engine.tier_loads import TierLoader
 
@@ -87,6 +89,8 @@ class Cluster:
     prefix_block_tokens: int = 512
     speculation_rng: np.random.Generator | None = None
     """Draws accepted tokens per step; each speculative instance gets its own child."""
+    admission: Admission | None = None
+    """Per-class admission limits (request classes with ``max_outstanding``)."""
 
     def __post_init__(self) -> None:
         self.fabric = Fabric(self.env)
@@ -115,7 +119,7 @@ class Cluster:
         self.entry = [x for x in self.instances if x.role in ("colocated", "prefill")]
         self.decoders = [x for x in self.instances if x.role == "decode"]
         self.pending_decode: deque[tuple[Request, Instance]] = deque()
-        self.pending_entry: deque[Request] = deque()
+        self.pending_entry = make_queue(self.router.queue_policy)
         self.in_transfer: dict[int, tuple[Instance, Instance]] = {}
         self.link_labels: dict[str, int] = {}
         # Flows carrying each request's KV now; a layer-wise stream opens them at prefill
@@ -166,6 +170,13 @@ class Cluster:
         return np.random.default_rng(parent.integers(2**63))
     def submit(self, req: Request) -> None:
         self.recorder.requests.append(req)
+        if self.admission is not None:
+            shed = self.admission.admit(req)
+            if shed is not None:
+                req.move_to(State.SHED)
+                req.reason = shed
+                self._ended(req)
+                return
         # Only instances that can ever hold the request may serve it: one that cannot
         # would keep it at its queue head for good.
         need = req.prompt_tokens + req.output_tokens
@@ -178,14 +189,14 @@ class Cluster:
                 most = max(x.kv_capacity_tokens for x in pool)
                 req.reason = (f"prompt+output {need} tokens exceed the KV capacity of every "
                               f"{side} instance (largest: {most} tokens)")
-                self.on_finished(req)
+                self._ended(req)
                 return
         self._route(req)
 
     def _route(self, req: Request) -> None:
         if self.router.dispatch == "central_queue":
             candidates = [x for x in self.entry if x.has_slot() and x.can_ever_hold(req)]
-            if not candidates or self.pending_entry:  # FIFO: nobody overtakes the queue
+            if not candidates or self.pending_entry:  # nobody overtakes the queue's order
                 req.move_to(State.QUEUED)
                 self.pending_entry.append(req)
                 return
@@ -231,13 +242,45 @@ class Cluster:
     def _complete(self, inst: Instance, req: Request) -> None:
         self._load_changed(inst)
         self.kv_location.pop(req.id, None)
-        self.on_finished(req)
+        self._ended(req)
 
     def fail_request(self, req: Request, reason: str) -> None:
         req.move_to(State.FAILED)
         req.reason = reason
         self.kv_location.pop(req.id, None)
+        self._ended(req)
+
+    def _ended(self, req: Request) -> None:
+        """Every way a request admitted here ends passes through this one place."""
+        if self.admission is not None:
+            self.admission.release(req)
         self.on_finished(req)
+
+    # ----- cancellation (client timeouts) -------------------------------------------
+    def cancel(self, req: Request, reason: str) -> None:
+        """The client gave up: stop ``req`` wherever it is and free its KV everywhere.
+
+        Queued at the router: dropped. On an instance (waiting, prefilling, decoding, or
+        its KV held for a hand-off): :meth:`Instance.cancel`. In a hand-off: its flows
+        stop and the decode side's reservation is freed (booked on a stand-in while a
+        layer-wise stream runs during the prefill).
+        """
+        if req.ended:
+            return
+        if req in self.pending_entry:
+            self.pending_entry.remove(req)
+        self.pending_decode = deque((r, s) for r, s in self.pending_decode if r is not req)
+        holder = self._drop_flows(req)
+        pair = self.in_transfer.pop(req.id, None)
+        if pair is not None:
+            pair[1].cancel_reservation(holder)
+        for inst in self.instances:
+            if inst.holds(req):
+                inst.cancel(req)
+        self.kv_location.pop(req.id, None)
+        req.move_to(State.CANCELLED)
+        req.reason, req.cancel_s = reason, self.env.now
+        self._ended(req)
 
     # ----- hand-off (disaggregated) --------------------------------------------------
     def _prefill_started(self, src: Instance, req: Request) -> None:
@@ -386,12 +429,12 @@ class Cluster:
             if convert + path.fixed_s:
                 yield env.timeout(convert + path.fixed_s)
             tail = [FlowSpec(res, bpt * tokens) for res, bpt in path.streams]
-        if req.restarts != attempt:  # a failure already sent the request elsewhere
-            return
+        if req.restarts != attempt or req.status is State.CANCELLED:
+            return  # a failure already sent the request elsewhere, or the client gave up
         flows = flows + self.fabric.start(tail)
         self.flows[req.id] = flows
         results = yield env.all_of([f.done for f in flows])
-        if req.restarts != attempt:
+        if req.restarts != attempt or req.status is State.CANCELLED:
             return
         self.flows.pop(req.id, None)
         self.in_transfer.pop(req.id, None)
@@ -460,6 +503,12 @@ class Cluster:
         self.kv_location.pop(req.id, None)
         self._route(req)
 
+    def stop(self) -> None:
+        """The clock has stopped: every instance books what ended by now (no more events
+        run after this)."""
+        for inst in self.instances:
+            inst.stop()
+
     def recover_instance(self, inst: Instance) -> None:
         if inst.alive:
             return
@@ -468,7 +517,7 @@ class Cluster:
         self.flush_pending()
 
     def flush_pending(self) -> None:
-        waiting, self.pending_entry = self.pending_entry, deque()
+        waiting, self.pending_entry = self.pending_entry, make_queue(self.router.queue_policy)
         for req in waiting:
             self._route(req)
         self._drain_pending_decode()

@@ -173,11 +173,63 @@ class SessionSpec(Spec):
         "the next turn follows at once."))
 
 
+OpenLoopArrival = Annotated[
+    PoissonArrival | GammaArrival | ConstantArrival | OnOffArrival | AllAtOnce,
+    Field(discriminator="kind"),
+]
+
+
+class ClassSLO(Spec):
+    """Latency targets of one request class (each empty target is not checked)."""
+
+    ttft_s: float | None = Field(None, gt=0, description="Time to first token, seconds.")
+    tpot_s: float | None = Field(None, gt=0, description="Time per output token, seconds.")
+    e2e_s: float | None = Field(None, gt=0, description="End-to-end latency, seconds.")
+
+
+class RequestClass(Spec):
+    """One tenant / traffic class: its own arrivals, lengths, SLOs, priority and limits."""
+
+    name: str = Field(min_length=1, description="Class name (the `class` column of results).")
+    arrival: OpenLoopArrival = Field(description=(
+        "How this class's requests arrive (open loop: poisson, gamma, constant, on_off, "
+        "all_at_once)."))
+    input_tokens: Length = Field(description="Prompt lengths.")
+    output_tokens: Length = Field(description="Output lengths.")
+    num_requests: int | None = Field(None, gt=0, description=(
+        "Stop this class after this many requests (retries not counted)."))
+    duration_s: float | None = Field(None, gt=0, description=(
+        "Stop issuing this class after this time (default: the workload's duration_s)."))
+    shared_prefix: SharedPrefix | None = Field(None, description="Optional shared prefixes.")
+    priority: int = Field(0, description=(
+        "Scheduling priority, smaller = served first (vLLM `--scheduling-policy priority`: "
+        "the waiting queue is ordered by (priority, arrival)); used where "
+        "scheduler.scheduling_policy or router.queue_policy is `priority`."))
+    slo: ClassSLO | None = Field(None, description=(
+        "This class's latency targets (default: the scenario's `slo`)."))
+    max_outstanding: int | None = Field(None, gt=0, description=(
+        "Admission limit: most requests of this class in the cluster at once; one more is "
+        "shed (status `shed`) at arrival. Empty = no limit."))
+    timeout_s: float | None = Field(None, gt=0, description=(
+        "Client timeout from a request's arrival: a request not finished by then is "
+        "cancelled wherever it is (status `cancelled`) and its KV is freed. Empty = none."))
+    retries: int = Field(0, ge=0, description=(
+        "New attempts a client makes after a timeout or a shed (each a new request linked "
+        "to the first by `root_id`)."))
+    retry_backoff_s: float = Field(1.0, ge=0, description=(
+        "Wait before the n-th retry: retry_backoff_s x 2^(n-1) seconds (exponential "
+        "backoff, no jitter)."))
+
+
 class WorkloadSpec(Spec):
-    arrival: Arrival = Field(description="How requests arrive.")
+    arrival: Arrival | None = Field(None, description=(
+        "How requests arrive (one class; omit when `classes` is given)."))
     input_tokens: Length | None = Field(None, description="Prompt lengths (not for traces).")
     output_tokens: Length | None = Field(None, description="Output lengths (not for traces).")
-    num_requests: int | None = Field(None, gt=0, description="Stop after this many requests.")
+    num_requests: int | None = Field(None, gt=0, description=(
+        "Stop after this many requests (with `classes`: first attempts of all classes "
+        "together; a class's own draws do not depend on it, but which of them are issued "
+        "does)."))
     duration_s: float | None = Field(None, gt=0, description="Stop issuing after this time.")
     shared_prefix: SharedPrefix | None = Field(None, description="Optional shared prefixes.")
     sessions: SessionSpec | None = Field(None, description=(
@@ -187,9 +239,18 @@ class WorkloadSpec(Spec):
     prefix_block_tokens: int = Field(512, gt=0, description=(
         "Tokens per prefix hash block (Mooncake traces: 512); prefix caching reuses whole "
         "blocks."))
+    classes: list[RequestClass] | None = Field(None, min_length=1, description=(
+        "Request classes (tenants), each with its own arrivals, lengths, SLOs, priority "
+        "and limits, and its own random streams (seeded by the run seed and the class "
+        "name). Without it the workload is one class named `default`, which is what a "
+        "class of that name is."))
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSpec:
+        if self.classes is not None:
+            return self._check_classes()
+        if self.arrival is None:
+            raise ValueError("give `arrival` (one class) or `classes`")
         is_trace = self.arrival.kind == "trace"
         if not is_trace and (self.input_tokens is None or self.output_tokens is None):
             raise ValueError("input_tokens and output_tokens are required unless arrival is a trace")
@@ -205,6 +266,38 @@ class WorkloadSpec(Spec):
                 raise ValueError("sessions and shared_prefix cannot be combined: a session's "
                                  "hash chain starts at its first token")
         return self
+
+    def _check_classes(self) -> WorkloadSpec:
+        assert self.classes is not None
+        single = [k for k in ("arrival", "input_tokens", "output_tokens", "shared_prefix",
+                              "sessions") if getattr(self, k) is not None]
+        if single:
+            raise ValueError(f"with `classes`, give {', '.join(single)} per class, not at "
+                             "the workload level (workload.duration_s and num_requests may "
+                             "bound them all)")
+        names = [c.name for c in self.classes]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"class names must be unique; repeated: {twice}")
+        for i, c in enumerate(self.classes):
+            if (c.num_requests is None and c.duration_s is None and self.duration_s is None
+                    and self.num_requests is None):
+                raise ValueError(f"classes[{i}] ({c.name}): bound it with num_requests or "
+                                 "duration_s (or set workload.duration_s)")
+            if (c.arrival.kind == "all_at_once" and c.num_requests is None
+                    and self.num_requests is None):
+                raise ValueError(f"classes[{i}] ({c.name}): an all_at_once class needs "
+                                 "num_requests")
+        return self
+
+    @property
+    def is_trace(self) -> bool:
+        return self.arrival is not None and self.arrival.kind == "trace"
+
+    @property
+    def sources(self) -> list[WorkloadSpec | RequestClass]:
+        """What issues requests: the classes, or the workload itself (one class)."""
+        return list(self.classes) if self.classes is not None else [self]
 
 
 # ----- scheduler ---------------------------------------------------------------------
@@ -250,6 +343,11 @@ class SchedulerSpec(Spec):
     preemption: Literal["recompute"] = Field("recompute", description=(
         "What happens to a sequence evicted for lack of KV: its KV is dropped and it is "
         "prefilled again."))
+    scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description=(
+        "vLLM `--scheduling-policy`: `fcfs` serves the waiting queue in arrival order and "
+        "preempts the most recently admitted running request; `priority` orders the "
+        "waiting queue by (class priority, arrival) and preempts the running request with "
+        "the largest (priority, arrival) (vllm/v1/core/sched/scheduler.py, v0.10)."))
     kv_tiers: list[KvTierSpec] = Field(default_factory=list, description=(
         "KV tiers below HBM, fastest first (`dram`, then `ssd`, then `remote`): blocks the "
         "prefix cache evicts are offloaded to them and loaded back on a prefix hit instead "
@@ -281,7 +379,7 @@ class RouterSpec(Spec):
         "How a prefilled request picks a decode instance (disaggregated clusters)."))
     dispatch: Literal["push", "central_queue"] = Field("push", description=(
         "`push`: each request is sent to an instance on arrival (by `policy`); "
-        "`central_queue`: requests wait in one FIFO at the router and go to an instance "
+        "`central_queue`: requests wait in one queue at the router (`queue_policy`) and go to an instance "
         "only when it has a free sequence slot (a global scheduler; `policy` picks among "
         "instances with room)."))
     kv_router: KvRouterSpec = Field(default_factory=KvRouterSpec, description=(  # type: ignore[arg-type]
@@ -289,6 +387,10 @@ class RouterSpec(Spec):
     conditional: ConditionalDisaggregation | None = Field(None, description=(
         "P/D clusters: decide per request whether to prefill remotely or on the decode "
         "instance (empty: every request is prefilled remotely)."))
+
+    queue_policy: Literal["fcfs", "priority"] = Field("fcfs", description=(
+        "Order of the central queue: `fcfs` (arrival) or `priority` (class priority, then "
+        "arrival), as a priority-aware gateway queue serves tenants."))
 
     @model_validator(mode="after")
     def _conditional_push(self) -> RouterSpec:

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from simulator.engine.request import State
+
 if TYPE_CHECKING:
     from simulator.cost.step import DecodeSeries, InstanceCostModel
     from simulator.engine.kv import BlockManager
@@ -177,17 +179,33 @@ class Jump:
         finished = []
         for r, b in zip(decodes, blocks, strict=True):
             r.blocks = b
-            if r.decode_start_s != r.decode_start_s:
-                r.decode_start_s = start
-            g = r.generated
-            if g == 0 and r.first_token_s != r.first_token_s:
-                r.first_token_s = ends[0]
-            if g <= 1 and g + done >= 2 and r.second_token_s != r.second_token_s:
-                r.second_token_s = ends[1 - g]
-            r.generated += done
+            if r.status is State.CANCELLED:
+                continue  # its tokens were booked when its client gave up (book_cancelled)
+            book_tokens(r, start, ends, done)
             if r.generated >= r.output_tokens:
                 finished.append(r)
         return finished
+
+    def book_cancelled(self, req: Request, now: float) -> None:
+        """``req``'s client gave up at ``now``: it received the tokens of the steps that
+        ended before (a step ending at ``now`` ends after the client's timer, which was
+        set first); its KV stays booked with the others' until the jump is applied."""
+        book_tokens(req, self.start, self.ends,
+                    int(np.searchsorted(self.ends, now, side="left")))
+
+
+def book_tokens(r: Request, start: float, ends: list[float], n: int) -> None:
+    """Advance ``r`` by the first ``n`` steps of a jump that began at ``start``."""
+    if not n:
+        return
+    if r.decode_start_s != r.decode_start_s:
+        r.decode_start_s = start
+    g = r.generated
+    if g == 0 and r.first_token_s != r.first_token_s:
+        r.first_token_s = ends[0]
+    if g <= 1 and g + n >= 2 and r.second_token_s != r.second_token_s:
+        r.second_token_s = ends[1 - g]
+    r.generated += n
 
 
 SMALL_GROWTH = 4096

@@ -109,7 +109,12 @@ class Instance(ServingProcess):
                                     self.max_running, lookahead, role != "prefill")
         self.kv_capacity_tokens = kv_blocks * block_size
         self._waiting: deque[Request] = deque()
+        # vLLM --scheduling-policy priority: the policy orders the queue by (class
+        # priority, arrival) and preempts the largest first (scheduler/vllm_v1.py).
+        self._priority = _class_priority if scheduler.scheduling_policy == "priority" else None
         self._running: list[Request] = []
+        # Running requests whose client gave up: freed at the next scheduling point.
+        self._aborts: list[Request] = []
         # Requests whose KV waits for a transfer out (prefill role) / is reserved for a
         # transfer in (decode role), by request id.
         self._held: dict[int, Request] = {}
@@ -219,6 +224,12 @@ class Instance(ServingProcess):
         return self._kv.can_reserve_for(req)
 
     @observes
+    def holds(self, req: Request) -> bool:
+        """Whether ``req`` waits, runs, or has KV held or reserved here."""
+        return (req.id in self._held or req.id in self._reserved or req in self._running
+                or req in self._waiting)
+
+    @observes
     def prefix_match_tokens(self, req: Request) -> int:
         """Prompt tokens this instance's prefix cache would spare ``req`` now."""
         return self._kv.prefix_match_tokens(req)
@@ -300,6 +311,39 @@ class Instance(ServingProcess):
         self._wake_up()
 
     @mutates
+    def cancel(self, req: Request) -> None:
+        """The client gave up on ``req``: drop it from the queue, free the KV it holds for
+        a hand-off now, and a running request's KV at the next scheduling point (a step
+        running now finishes without it)."""
+        if req in self._waiting:
+            self._waiting.remove(req)
+            self._queued_tokens -= req.prefill_target
+        elif req.id in self._held:
+            self.release_held(req)
+        elif req.id in self._reserved:
+            self.cancel_reservation(req)
+        elif req in self._running:
+            jump = self._jump
+            if jump is not None and req in jump.decodes:
+                jump.book_cancelled(req, self.env.now)
+            self._aborts.append(req)
+            self._wake_up()
+
+    @mutates
+    def stop(self) -> None:
+        """The clock has stopped for good: book the jump steps that have ended and the
+        aborts still pending, so the frames are those of step-by-step simulation."""
+        jump, self._jump = self._jump, None
+        if jump is not None:
+            done = jump.steps_ended_by(self.env.now)
+            if done:
+                self._apply_jump(jump, done)
+        if self._aborts:
+            self._apply_aborts()
+        if self.process.is_alive:
+            self.process.interrupt("stop")
+
+    @mutates
     def collect_signals(self) -> None:
         """From now on keep TTFT/TPOT samples for :meth:`take_signals`."""
         self._life.collect = True
@@ -345,7 +389,8 @@ class Instance(ServingProcess):
             done = jump.steps_ended_by(self.env.now)
             if done:
                 self._apply_jump(jump, done)
-        lost = list(self._waiting) + list(self._running)
+        lost = [r for r in (*self._waiting, *self._running) if r.status is not State.CANCELLED]
+        self._aborts.clear()
         held = list(self._held.values())
         reserved = list(self._reserved.values())
         self._waiting.clear()
@@ -371,3 +416,7 @@ class Instance(ServingProcess):
         revive = self._revive
         if revive is not None and not revive.triggered:
             revive.succeed()
+
+
+def _class_priority(req: Request) -> float:
+    return float(req.priority)

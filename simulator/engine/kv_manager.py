@@ -118,7 +118,8 @@ class KVManager:
         return req.prompt_tokens + max(0, req.generated - 1)
 
     def free_request(self, req: Request, owned: int) -> None:
-        """Give back a request's KV; with a prefix cache its full prompt blocks stay cached."""
+        """Give back a request's KV; with a prefix cache its full computed blocks stay cached
+        (:meth:`computed_tokens`: a request cut short mid-prefill leaves only its chunks)."""
         cache = self.cache
         if cache is None or not req.block_hashes:
             self.blocks.release(owned)

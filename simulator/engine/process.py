@@ -72,7 +72,9 @@ class ServingProcess:
     _pipe: Pipeline
     _limits: EngineLimits
     _waiting: deque[Request]
+    _priority: Callable[[Request], float] | None
     _running: list[Request]
+    _aborts: list[Request]
     _held: dict[int, Request]
     _queued_tokens: int
     _accept: Acceptance | None
@@ -99,6 +101,8 @@ class ServingProcess:
             try:
                 yield from self._serve()
             except simpy.Interrupt as exc:
+                if exc.cause == "stop":  # the clock has stopped for good
+                    return
                 if exc.cause != "fail":
                     raise
             # Failed: nothing runs until recover() revives the instance.
@@ -116,6 +120,8 @@ class ServingProcess:
                 yield self._wake
                 self._wake = None
                 continue
+            if self._aborts:
+                self._apply_aborts()
             batch = self._schedule()
             if batch is None:
                 self._wake = env.event()
@@ -187,7 +193,7 @@ class ServingProcess:
         try:
             yield env.timeout(jump.ends[-1] - jump.start)
         except simpy.Interrupt as exc:
-            if exc.cause == "fail":
+            if exc.cause in ("fail", "stop"):
                 raise
             # An outside write: finish the step that is running, then schedule again.
             done = jump.steps_done_at_cut(env.now)
@@ -206,10 +212,20 @@ class ServingProcess:
             r.generated = r.output_tokens
             self._complete(r)
 
+    def _apply_aborts(self) -> None:
+        """Free the KV of running requests whose client gave up (vLLM's engine core
+        applies aborts between steps: a step in progress computes on)."""
+        for req in self._aborts:
+            self._running.remove(req)
+            self._kv.free_request(req, req.blocks)  # its computed blocks stay cached
+            req.blocks = 0
+        self._aborts.clear()
+        self._on_kv_freed(self)
+
     # ----- schedule: ask the policy, apply its decisions --------------------------------
     def _schedule(self) -> Batch | None:
         view = SchedulerView(self._waiting, self._running, len(self._held), self._kv,
-                             self._limits)
+                             self._limits, self._priority)
         out = self.scheduler.schedule(view)
         self._load_changed()  # admissions and preemptions move queue, batch and KV
         now = self.env.now

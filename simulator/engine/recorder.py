@@ -325,11 +325,13 @@ class Recorder:
                   "completion_s", "preemptions", "restarts", "prefill_instance",
                   "decode_instance", "status", "reason", "session", "turn",
                   "dram_hit_tokens", "ssd_hit_tokens", "remote_hit_tokens", "kv_load_s",
-                  "decode_cached_tokens")
+                  "decode_cached_tokens", "klass", "priority", "attempt", "root_id",
+                  "cancel_s")
         data = {f: [getattr(r, f) for r in reqs] for f in fields}
         data["status"] = [s.value for s in data["status"]]  # plain strings, not State
         df = pd.DataFrame(data)
-        df = df.rename(columns={"id": "request_id", "generated": "generated_tokens"})
+        df = df.rename(columns={"id": "request_id", "generated": "generated_tokens",
+                                "klass": "class"})
         names = np.asarray([*instance_names, ""], dtype=object)
         df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
         df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []

@@ -9,6 +9,8 @@ Its life is a small state machine. Every change of state goes through
       │  └─▶ REJECTED (too long for the model or every instance's KV)
       └──── preempted (recompute) or restarted after a fault, from PREFILL / DECODE / TRANSFER
     any live state ──▶ FAILED (retries exhausted)   any live state ──▶ IN_FLIGHT (clock stopped)
+    QUEUED ──▶ SHED (over its class's admission limit)
+    any live state ──▶ CANCELLED (its client gave up: a request class's timeout)
 """
 
 from __future__ import annotations
@@ -32,25 +34,34 @@ class State(StrEnum):
     REJECTED = "rejected"
     FAILED = "failed"
     IN_FLIGHT = "in_flight"  # still live when the clock stopped
+    SHED = "shed"  # turned away at arrival: its class had max_outstanding requests in
+    CANCELLED = "cancelled"  # its client gave up (timeout) before it finished
 
 
 _LIVE = (State.QUEUED, State.PREFILL, State.DECODE, State.TRANSFER)
 TRANSITIONS: dict[State, frozenset[State]] = {
     # Re-queueing a queued request (a cluster-level queue handing it on) is allowed.
     State.QUEUED: frozenset({State.QUEUED, State.PREFILL, State.REJECTED, State.FAILED,
-                             State.IN_FLIGHT}),
+                             State.IN_FLIGHT, State.SHED, State.CANCELLED}),
     State.PREFILL: frozenset({State.DECODE, State.TRANSFER, State.COMPLETED, State.QUEUED,
-                              State.FAILED, State.IN_FLIGHT}),
-    State.DECODE: frozenset({State.COMPLETED, State.QUEUED, State.FAILED, State.IN_FLIGHT}),
-    State.TRANSFER: frozenset({State.DECODE, State.QUEUED, State.FAILED, State.IN_FLIGHT}),
+                              State.FAILED, State.IN_FLIGHT, State.CANCELLED}),
+    State.DECODE: frozenset({State.COMPLETED, State.QUEUED, State.FAILED, State.IN_FLIGHT,
+                             State.CANCELLED}),
+    State.TRANSFER: frozenset({State.DECODE, State.QUEUED, State.FAILED, State.IN_FLIGHT,
+                               State.CANCELLED}),
     State.COMPLETED: frozenset(),
     State.REJECTED: frozenset(),
     State.FAILED: frozenset(),
     State.IN_FLIGHT: frozenset(),
+    State.SHED: frozenset(),
+    State.CANCELLED: frozenset(),
 }
 """Allowed moves: state -> the states it may move to."""
 
 LIVE_STATES = frozenset(_LIVE)
+ENDED = frozenset({State.COMPLETED, State.REJECTED, State.FAILED, State.SHED,
+                   State.CANCELLED})
+"""States after which nothing more happens to a request."""
 
 
 class Request:
@@ -59,10 +70,12 @@ class Request:
     __slots__ = (
         "_state",
         "arrival_s",
+        "attempt",
         "block_hashes",
         "blocks",
         "cache_pins",
         "cached_tokens",
+        "cancel_s",
         "completion_s",
         "decode_admit_s",
         "decode_cached_tokens",
@@ -73,6 +86,7 @@ class Request:
         "generated",
         "id",
         "in_flight",
+        "klass",
         "kv_load_s",
         "output_tokens",
         "preemptions",
@@ -84,10 +98,12 @@ class Request:
         "prefilled",
         "prefix_group",
         "prefix_tokens",
+        "priority",
         "prompt_tokens",
         "reason",
         "remote_hit_tokens",
         "restarts",
+        "root_id",
         "second_token_s",
         "session",
         "src_blocks",
@@ -140,6 +156,13 @@ class Request:
         self.decode_start_s = NAN
         self.second_token_s = NAN
         self.completion_s = NAN
+        # Traffic class (tenant), its priority (smaller = sooner), and retries: attempt 0
+        # is the client's first try; a retry is a new request whose root_id is the first's.
+        self.klass = "default"  # tenants.DEFAULT_CLASS
+        self.priority = 0
+        self.attempt = 0
+        self.root_id = rid
+        self.cancel_s = NAN  # when the client gave up (status "cancelled")
 
     @property
     def status(self) -> State:
@@ -157,6 +180,11 @@ class Request:
     def context_tokens(self) -> int:
         """Tokens whose KV a decode step attends over (prompt + generated so far)."""
         return self.prompt_tokens + self.generated
+
+    @property
+    def ended(self) -> bool:
+        """Completed, or given up on for good (the client sees no more tokens)."""
+        return self._state in ENDED
 
     @property
     def in_prefill(self) -> bool:

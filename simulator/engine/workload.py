@@ -11,6 +11,7 @@ import simpy
 
 from simulator.engine.config import (
     AllAtOnce,
+    Arrival,
     ClosedLoop,
     ConstantArrival,
     EmpiricalLength,
@@ -20,11 +21,13 @@ from simulator.engine.config import (
     LognormalLength,
     OnOffArrival,
     PoissonArrival,
+    RequestClass,
+    SharedPrefix,
     TraceArrival,
     UniformLength,
     WorkloadSpec,
 )
-from simulator.engine.request import Request
+from simulator.engine.request import Request, State
 from simulator.engine.sessions import Sessions
 from simulator.engine.traces import Trace, load_trace
 
@@ -51,12 +54,85 @@ def sample_lengths(spec: Length, rng: np.random.Generator, n: int) -> np.ndarray
     raise TypeError(f"unknown length spec {spec!r}")
 
 
+def length_stream(input_tokens: Length, output_tokens: Length, prefix: SharedPrefix | None,
+                  rngs: dict[str, np.random.Generator]) -> Iterator[tuple[int, int, int, int]]:
+    """(prompt, output, prefix group or -1, prefix tokens) of each request, drawn in chunks."""
+    while True:
+        n = _CHUNK
+        ins = sample_lengths(input_tokens, rngs["input"], n)
+        outs = sample_lengths(output_tokens, rngs["output"], n)
+        if prefix is not None:
+            rng = rngs["prefix"]
+            has = rng.random(n) < prefix.fraction
+            group = np.where(has, rng.integers(0, prefix.groups, size=n), -1)
+        else:
+            group = np.full(n, -1)
+        for i in range(n):
+            p_tokens = 0
+            prompt = int(ins[i])
+            if group[i] >= 0:
+                p_tokens = prefix.tokens  # type: ignore[union-attr]
+                prompt += p_tokens
+            yield prompt, int(outs[i]), int(group[i]), p_tokens
+
+
+def gaps(a: Arrival, rng: np.random.Generator, horizon: float | None) -> Iterator[float]:
+    """Inter-arrival gaps of an open-loop arrival process."""
+    if isinstance(a, AllAtOnce):
+        while True:
+            yield 0.0
+    if isinstance(a, ConstantArrival):
+        while True:
+            yield 1.0 / a.rate_per_s
+    if isinstance(a, PoissonArrival):
+        while True:
+            yield from rng.exponential(1.0 / a.rate_per_s, size=_CHUNK).tolist()
+    if isinstance(a, GammaArrival):
+        shape = 1.0 / a.cv**2
+        scale = 1.0 / (a.rate_per_s * shape)
+        while True:
+            yield from rng.gamma(shape, scale, size=_CHUNK).tolist()
+    if isinstance(a, OnOffArrival):
+        yield from _on_off_gaps(a, rng, horizon)
+    raise ValueError(f"no gap generator for {a.kind}")
+
+
+def _on_off_gaps(a: OnOffArrival, rng: np.random.Generator,
+                 horizon: float | None) -> Iterator[float]:
+    """Poisson arrivals at the ON rate in ON windows and the OFF rate in OFF windows.
+
+    Each window's count is Poisson(rate x length) and its arrivals are uniform in it,
+    drawn for many periods at once, so tiny or empty windows cost nothing per window.
+    """
+    period = a.on_s + a.off_s
+    per_period = a.on_rate_per_s * a.on_s + a.off_rate_per_s * a.off_s
+    # About _CHUNK arrivals per draw: many periods when they are quiet, one when busy.
+    periods = int(min(_CHUNK, max(1.0, _CHUNK / per_period)))
+    first, last = 0, 0.0
+    while True:
+        k = np.arange(first, first + periods)
+        on_n = rng.poisson(a.on_rate_per_s * a.on_s, size=periods)
+        off_n = rng.poisson(a.off_rate_per_s * a.off_s, size=periods)
+        starts = np.concatenate([np.repeat(k * period, on_n),
+                                 np.repeat(k * period + a.on_s, off_n)])
+        widths = np.concatenate([np.full(on_n.sum(), a.on_s), np.full(off_n.sum(), a.off_s)])
+        times = np.sort(starts + rng.random(len(starts)) * widths)
+        for t in times.tolist():
+            yield t - last
+            last = t
+        first += periods
+        if horizon is not None and first * period > horizon:
+            return
+
+
 class Workload:
     """Issues requests into the cluster through ``submit``."""
 
     def __init__(self, env: simpy.Environment, spec: WorkloadSpec,
                  rngs: dict[str, np.random.Generator], submit: Callable[[Request], None],
-                 base_dir: Path | None = None, max_prompt_tokens: int | None = None) -> None:
+                 base_dir: Path | None = None, max_prompt_tokens: int | None = None,
+                 cancel: Callable[[Request], None] | None = None,
+                 class_rngs: dict[str, dict[str, np.random.Generator]] | None = None) -> None:
         self.env = env
         self.spec = spec
         self.rngs = rngs
@@ -68,7 +144,15 @@ class Workload:
         self.exhausted = False  # no more requests will be issued
         self.done = env.event()  # every issued request has ended
         self.trace: Trace | None = None
-        if spec.arrival.kind == "trace":
+        # Request classes: each issues from its own generators (class_rngs, by name); a
+        # client whose request times out cancels it (``cancel``) and may retry.
+        self.cancel = cancel or (lambda _r: None)
+        self.classes = {c.name: c for c in spec.classes or ()}
+        self.class_rngs = class_rngs or {}
+        self._sources_left = len(self.classes)
+        self._retries_pending = 0
+        self._first_attempts = 0
+        if isinstance(spec.arrival, TraceArrival):
             path = Path(spec.arrival.path)
             if not path.is_absolute():
                 path = self.base_dir / path
@@ -80,27 +164,11 @@ class Workload:
         self.measure_from_id = 0  # requests with lower ids are warm-ups, not results
         self._lengths = self._length_iter()
 
-    # ----- lengths --------------------------------------------------------------------
+    # ----- lengths ----------------------------------------------------------------------
     def _length_iter(self) -> Iterator[tuple[int, int, int, int]]:
         spec = self.spec
-        prefix = spec.shared_prefix
-        while True:
-            n = _CHUNK
-            ins = sample_lengths(spec.input_tokens, self.rngs["input"], n)  # type: ignore[arg-type]
-            outs = sample_lengths(spec.output_tokens, self.rngs["output"], n)  # type: ignore[arg-type]
-            if prefix is not None:
-                rng = self.rngs["prefix"]
-                has = rng.random(n) < prefix.fraction
-                group = np.where(has, rng.integers(0, prefix.groups, size=n), -1)
-            else:
-                group = np.full(n, -1)
-            for i in range(n):
-                p_tokens = 0
-                prompt = int(ins[i])
-                if group[i] >= 0:
-                    p_tokens = prefix.tokens  # type: ignore[union-attr]
-                    prompt += p_tokens
-                yield prompt, int(outs[i]), int(group[i]), p_tokens
+        return length_stream(spec.input_tokens, spec.output_tokens,  # type: ignore[arg-type]
+                             spec.shared_prefix, self.rngs)
 
     def _make(self, t: float, prompt: int, output: int, group: int = -1,
               prefix_tokens: int = 0) -> Request:
@@ -115,6 +183,11 @@ class Workload:
 
     # ----- processes ----------------------------------------------------------------
     def start(self) -> None:
+        if self.classes:
+            for cls in self.classes.values():
+                self.env.process(self._issue_class(cls))
+            return
+        assert self.spec.arrival is not None
         kind = self.spec.arrival.kind
         if kind == "closed_loop":
             self._start_closed_loop()
@@ -129,58 +202,59 @@ class Workload:
     def _check_done(self) -> None:
         if self._sessions is not None and self._sessions.open:
             return  # sessions still have turns to send
-        if self.exhausted and self.finished >= self.issued and not self.done.triggered:
+        if (self.exhausted and self.finished >= self.issued and not self._retries_pending
+                and not self.done.triggered):
             self.done.succeed()
 
-    def _gaps(self) -> Iterator[float]:
-        a = self.spec.arrival
-        rng = self.rngs["arrival"]
-        if isinstance(a, AllAtOnce):
-            while True:
-                yield 0.0
-        if isinstance(a, ConstantArrival):
-            while True:
-                yield 1.0 / a.rate_per_s
-        if isinstance(a, PoissonArrival):
-            while True:
-                yield from rng.exponential(1.0 / a.rate_per_s, size=_CHUNK).tolist()
-        if isinstance(a, GammaArrival):
-            shape = 1.0 / a.cv**2
-            scale = 1.0 / (a.rate_per_s * shape)
-            while True:
-                yield from rng.gamma(shape, scale, size=_CHUNK).tolist()
-        if isinstance(a, OnOffArrival):
-            yield from self._on_off_gaps(rng)
-        raise ValueError(f"no gap generator for {a.kind}")
+    # ----- request classes -------------------------------------------------------------
+    def _issue_class(self, cls: RequestClass) -> Generator[simpy.Event, Any, None]:
+        env = self.env
+        rngs = self.class_rngs[cls.name]
+        lengths = length_stream(cls.input_tokens, cls.output_tokens, cls.shared_prefix, rngs)
+        bounds = [b for b in (cls.duration_s, self.spec.duration_s) if b is not None]
+        horizon = min(bounds) if bounds else None
+        t = 0.0
+        total = self.spec.num_requests
+        # Each pass that does not stop issues one request: ``sent`` counts them.
+        for sent, gap in enumerate(gaps(cls.arrival, rngs["arrival"], horizon)):
+            if cls.num_requests is not None and sent >= cls.num_requests:
+                break
+            if total is not None and self._first_attempts >= total:
+                break
+            t += gap
+            if horizon is not None and t > horizon:
+                break
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            prompt, output, group, p_tokens = next(lengths)
+            req = self._make(env.now, prompt, output, group, p_tokens)
+            self._first_attempts += 1
+            self._send(req, cls)
+        self._sources_left -= 1
+        if not self._sources_left:
+            self.exhausted = True
+            self._check_done()
 
-    def _on_off_gaps(self, rng: np.random.Generator) -> Iterator[float]:
-        """Poisson arrivals at the ON rate in ON windows and the OFF rate in OFF windows.
+    def _send(self, req: Request, cls: RequestClass) -> None:
+        req.klass, req.priority = cls.name, cls.priority
+        if cls.timeout_s is not None:
+            # The client's timer starts before the request reaches the cluster, so a step
+            # ending at the same instant as the timeout ends after the client gave up.
+            self.env.timeout(cls.timeout_s).callbacks.append(lambda _e: self._give_up(req))
+        self.submit(req)
 
-        Each window's count is Poisson(rate x length) and its arrivals are uniform in it,
-        drawn for many periods at once, so tiny or empty windows cost nothing per window.
-        """
-        a = self.spec.arrival
-        assert isinstance(a, OnOffArrival)
-        period = a.on_s + a.off_s
-        per_period = a.on_rate_per_s * a.on_s + a.off_rate_per_s * a.off_s
-        # About _CHUNK arrivals per draw: many periods when they are quiet, one when busy.
-        periods = int(min(_CHUNK, max(1.0, _CHUNK / per_period)))
-        first, last = 0, 0.0
-        while True:
-            k = np.arange(first, first + periods)
-            on_n = rng.poisson(a.on_rate_per_s * a.on_s, size=periods)
-            off_n = rng.poisson(a.off_rate_per_s * a.off_s, size=periods)
-            starts = np.concatenate([np.repeat(k * period, on_n),
-                                     np.repeat(k * period + a.on_s, off_n)])
-            widths = np.concatenate([np.full(on_n.sum(), a.on_s), np.full(off_n.sum(), a.off_s)])
-            times = np.sort(starts + rng.random(len(starts)) * widths)
-            for t in times.tolist():
-                yield t - last
-                last = t
-            first += periods
-            horizon = self.spec.duration_s
-            if horizon is not None and first * period > horizon:
-                return
+    def _give_up(self, req: Request) -> None:
+        if not req.ended:
+            self.cancel(req)
+
+    def _retry(self, req: Request, cls: RequestClass) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(cls.retry_backoff_s * 2.0 ** req.attempt)
+        new = self._make(self.env.now, req.prompt_tokens, req.output_tokens,
+                         req.prefix_group, req.prefix_tokens)
+        new.block_hashes = req.block_hashes
+        new.attempt, new.root_id = req.attempt + 1, req.root_id
+        self._retries_pending -= 1
+        self._send(new, cls)
 
     def _open_loop(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
@@ -191,7 +265,8 @@ class Workload:
             return
         t = 0.0
         sessions = self._sessions
-        for gap in self._gaps():
+        assert self.spec.arrival is not None
+        for gap in gaps(self.spec.arrival, self.rngs["arrival"], horizon):
             sent = sessions.planned if sessions is not None else self.issued
             if limit is not None and sent >= limit:
                 return
@@ -278,13 +353,18 @@ class Workload:
                 delay += a.turnaround_s
         return delay
 
-    def on_finished(self, _req: Request) -> None:
-        """A request ended (completed, failed or rejected): a closed-loop client sends the
-        next one; the run is over once nothing more will be issued and all have ended."""
+    def on_finished(self, req: Request) -> None:
+        """A request ended (completed, failed, rejected, shed or cancelled): a closed-loop
+        client sends the next one, a class client may retry a shed or timed-out request;
+        the run is over once nothing more will be issued and all have ended."""
         self.finished += 1
         if self._sessions is not None:
-            self._sessions.on_finished(_req)
-        if self.spec.arrival.kind != "closed_loop":
+            self._sessions.on_finished(req)
+        cls = self.classes.get(req.klass)
+        if cls is not None and req.status in {State.CANCELLED, State.SHED} and req.attempt < cls.retries:
+            self._retries_pending += 1
+            self.env.process(self._retry(req, cls))
+        if self.spec.arrival is None or self.spec.arrival.kind != "closed_loop":
             self._check_done()
             return
         if self._warmup_left:

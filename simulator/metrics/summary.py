@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 
 PERCENTILES = (50, 90, 99)
+ENDED = ("completed", "failed", "rejected", "shed", "cancelled")
+"""Statuses of requests that are over (shed and cancelled: request classes)."""
 
 
 def add_latency_columns(requests: pd.DataFrame) -> pd.DataFrame:
@@ -142,8 +144,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
         "completed": int(counts.get("completed", 0)),
         "failed": int(counts.get("failed", 0)),
         "rejected": int(counts.get("rejected", 0)),
-        "in_flight": int(len(reqs) - counts.get("completed", 0) - counts.get("failed", 0)
-                         - counts.get("rejected", 0)),
+        "in_flight": int(len(reqs) - sum(counts.get(s, 0) for s in ENDED)),
     }
     if len(done):
         start = float(reqs["arrival_s"].min())

@@ -4,8 +4,10 @@ Nothing in ``engine/`` or ``cost/`` imports this package. ``disagg-sim plot --ki
 wraps it, and each kind has the same name here: ``plots.latency``, ``plots.goodput``,
 ``plots.pareto``, ``plots.pd_heatmap``, ``plots.cdf``, ``plots.timeline``,
 ``plots.monitoring``, ``plots.capacity`` (the descriptive names are kept as well).
+Per request class: ``plots.class_cdf`` (= ``class_ttft_cdf``) and ``plots.class_outcomes``.
 """
 
+from simulator.plots.classes import class_outcomes, class_ttft_cdf
 from simulator.plots.common import save
 from simulator.plots.monitoring import monitoring_plot
 from simulator.plots.plan import capacity_vs_rate
@@ -27,11 +29,15 @@ cdf = latency_cdf
 timeline = run_timeline
 monitoring = monitoring_plot
 capacity = capacity_vs_rate
+class_cdf = class_ttft_cdf
 
 __all__ = [
     "capacity",
     "capacity_vs_rate",
     "cdf",
+    "class_cdf",
+    "class_outcomes",
+    "class_ttft_cdf",
     "cost_vs_goodput",
     "goodput",
     "goodput_vs_rate",

@@ -73,7 +73,12 @@ def mean_tokens(spec: Length | None) -> float:
 
 
 def _rate(scenario: Scenario) -> float | None:
-    a = scenario.workload.arrival
+    rates = [arrival_rate(src.arrival) for src in scenario.workload.sources]
+    return None if None in rates else sum(r for r in rates if r is not None)
+
+
+def arrival_rate(a: object) -> float | None:
+    """Mean requests per second of an open-loop arrival process (None: no rate)."""
     if isinstance(a, PoissonArrival | GammaArrival | ConstantArrival):
         return a.rate_per_s
     if isinstance(a, OnOffArrival):
@@ -95,9 +100,10 @@ def estimate_run(scenario: Scenario, instances_by_pool: dict[str, int]) -> Estim
         horizon = min(horizon or float("inf"), scenario.simulation.max_time_s)
     est = Estimate(n, horizon)
     instances = sum(instances_by_pool.values())
-    if n is not None and w.arrival.kind != "trace":
+    if n is not None and not w.is_trace:
         seqs = max(p.scheduler.max_num_seqs for p in scenario.cluster.pools)
-        steps = n * mean_tokens(w.output_tokens) / max(1, seqs)
+        output = sum(mean_tokens(src.output_tokens) for src in w.sources) / len(w.sources)
+        steps = n * output / max(1, seqs)
         est.parts["requests"] = (n * BYTES_PER_REQUEST, FEWER_REQUESTS)
         est.parts["steps"] = (steps * BYTES_PER_STEP, FEWER_REQUESTS)
     if horizon is not None:

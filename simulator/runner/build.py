@@ -17,7 +17,15 @@ from simulator.cost.parallel import Parallelism, Precisions
 from simulator.cost.speculative import SpeculativePredictor
 from simulator.cost.step import InstanceCostModel, LinkSet
 from simulator.engine.cluster import InstanceSpec
-from simulator.engine.config import EmpiricalLength, FixedLength, LognormalLength, UniformLength
+from simulator.engine.config import (
+    EmpiricalLength,
+    FixedLength,
+    Length,
+    LognormalLength,
+    SharedPrefix,
+    TraceArrival,
+    UniformLength,
+)
 from simulator.engine.fabric import TransferPath
 from simulator.engine.workload import load_trace
 from simulator.errors import ConfigError, MemoryFitError
@@ -102,13 +110,17 @@ def _link(name: str | None, file: str | None, key: str) -> LinkProfile | None:
 
 def _max_prompt(scenario: Scenario, base_dir: Path) -> int | None:
     w = scenario.workload
-    if w.arrival.kind == "trace":
+    if isinstance(w.arrival, TraceArrival):
         path = Path(w.arrival.path)
         trace = load_trace(path if path.is_absolute() else base_dir / path,
                            skip_bad_rows=w.arrival.skip_bad_rows)
         return int(trace.input_tokens.max()) if len(trace.input_tokens) else None
-    spec = w.input_tokens
-    extra = w.shared_prefix.tokens if w.shared_prefix else 0
+    longest = [_longest_prompt(src.input_tokens, src.shared_prefix) for src in w.sources]
+    return None if None in longest else max(x for x in longest if x is not None)
+
+
+def _longest_prompt(spec: Length | None, prefix: SharedPrefix | None) -> int | None:
+    extra = prefix.tokens if prefix else 0
     if isinstance(spec, FixedLength):
         return spec.tokens + extra
     if isinstance(spec, UniformLength):
@@ -121,15 +133,20 @@ def _max_prompt(scenario: Scenario, base_dir: Path) -> int | None:
 def _min_prompt(scenario: Scenario) -> int | None:
     """The shortest prompt the workload can issue (None for traces)."""
     w = scenario.workload
-    spec = w.input_tokens
-    if w.arrival.kind == "trace" or spec is None:
+    if w.is_trace:
         return None
-    lowest = {FixedLength: lambda x: x.tokens, UniformLength: lambda x: x.min_tokens,
-              EmpiricalLength: lambda x: min(x.values),
-              LognormalLength: lambda x: x.min_tokens}[type(spec)](spec)
-    if w.shared_prefix is not None and w.shared_prefix.fraction >= 1.0:
-        lowest += w.shared_prefix.tokens
-    return lowest
+    out: int | None = None
+    for src in w.sources:
+        spec = src.input_tokens
+        if spec is None:
+            return None
+        lowest = {FixedLength: lambda x: x.tokens, UniformLength: lambda x: x.min_tokens,
+                  EmpiricalLength: lambda x: min(x.values),
+                  LognormalLength: lambda x: x.min_tokens}[type(spec)](spec)
+        if src.shared_prefix is not None and src.shared_prefix.fraction >= 1.0:
+            lowest += src.shared_prefix.tokens
+        out = lowest if out is None else min(out, lowest)
+    return out
 
 
 def instance_links(placement: Placement, par: Parallelism, file: str | None,

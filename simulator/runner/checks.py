@@ -56,11 +56,15 @@ def check_context(scenario: Scenario, model: ModelConfig, file: str | None) -> N
     """Refuse a workload none of whose requests fits the model's context; longer requests
     among shorter ones are rejected one by one, as the engine does."""
     w = scenario.workload
-    if w.arrival.kind == "trace":
+    if w.is_trace:
         return
-    shortest = _shortest(w.input_tokens) + _shortest(w.output_tokens)
-    if w.shared_prefix is not None and w.shared_prefix.fraction >= 1.0:
-        shortest += w.shared_prefix.tokens
+    lengths = []
+    for src in w.sources:
+        n = _shortest(src.input_tokens) + _shortest(src.output_tokens)
+        if src.shared_prefix is not None and src.shared_prefix.fraction >= 1.0:
+            n += src.shared_prefix.tokens
+        lengths.append(n)
+    shortest = min(lengths)
     if shortest > model.max_context_tokens:
         raise ConfigError(
             f"the shortest request (prompt + output = {shortest} tokens) exceeds "

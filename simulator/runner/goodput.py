@@ -33,9 +33,11 @@ class GoodputSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: float = Field(0.9, gt=0, le=1, description=(
-        "SLO attainment to hold: share of requests meeting every SLO."))
+        "SLO attainment to hold: share of requests meeting every SLO (with request "
+        "classes: in every class, against its own SLO)."))
     rate_path: str = Field("workload.arrival.rate_per_s", description=(
-        "Dotted path of the request rate the search varies."))
+        "Dotted path of the request rate the search varies (with request classes, the "
+        "default scales every class's rate by one factor, keeping the mix)."))
     start_rate_per_s: float | None = Field(None, gt=0, description=(
         "First rate tried (default: the scenario's own rate)."))
     min_rate_per_s: float = Field(0.01, gt=0, description=(
@@ -75,18 +77,58 @@ class GoodputResult:
         }
 
 
+CLASS_MIX = "workload.arrival.rate_per_s"
+"""With request classes, the default rate path scales every class's rate by one factor."""
+
+
+def attainment_of(summary: dict[str, Any]) -> float:
+    """The attainment a target is held against: with request classes, the worst class's
+    (every class must meet its own SLO), else the run's."""
+    value = summary.get("slo_attainment_min_class", summary.get("slo_attainment", math.nan))
+    return float(value) if value is not None else math.nan
+
+
+def class_rates(scenario: Scenario) -> list[float] | None:
+    """Each class's request rate, or None if the workload has no classes."""
+    classes = scenario.workload.classes
+    if classes is None:
+        return None
+    return [float(getattr(c.arrival, "rate_per_s", math.nan)) for c in classes]
+
+
+def with_rate(scenario: Scenario, path: str, rate: float) -> Scenario:
+    """``scenario`` at ``rate``: the value at ``path``, or, for the default path on a
+    workload with classes, every class's rate scaled so that they sum to ``rate``."""
+    rates = class_rates(scenario)
+    if rates is None or path != CLASS_MIX:
+        return scenario.with_(**{path: rate})
+    factor = rate / sum(rates)
+    return scenario.with_(**{f"workload.classes.{i}.arrival.rate_per_s": r * factor
+                             for i, r in enumerate(rates)})
+
+
 def _check(scenario: Scenario, spec: GoodputSpec, file: str | None) -> float:
     s = scenario.slo
-    if s.ttft_s is None and s.tpot_s is None and s.e2e_s is None:
+    classes = scenario.workload.classes or []
+    if (s.ttft_s is None and s.tpot_s is None and s.e2e_s is None
+            and not any(c.slo is not None for c in classes)):
         raise ConfigError("goodput search needs at least one SLO (slo.ttft_s, slo.tpot_s or "
                           "slo.e2e_s)", file=file, key="slo")
+    rates = class_rates(scenario)
+    if rates is not None and spec.rate_path == CLASS_MIX:
+        if not all(math.isfinite(r) for r in rates):
+            raise ConfigError("goodput search scales every class's rate_per_s; give each "
+                              "class a poisson, gamma or constant arrival, or set "
+                              "goodput.rate_path", file=file, key="goodput.rate_path")
+        return sum(rates)
     data = scenario.model_dump(mode="python")
     try:
         base = get_path(data, spec.rate_path)
     except ConfigError:
+        kind = scenario.workload.arrival.kind if scenario.workload.arrival else "classes"
         raise ConfigError(
             f"goodput search varies `{spec.rate_path}`, which this scenario does not have "
-            f"(arrival kind {scenario.workload.arrival.kind!r}); use an arrival with "
+            f"(arrival kind {kind!r}); use an arrival with "
             "rate_per_s (poisson, gamma, constant) or set goodput.rate_path",
             file=file, key="goodput.rate_path") from None
     if not isinstance(base, int | float) or isinstance(base, bool):
@@ -110,10 +152,10 @@ def search_goodput(scenario: Scenario, spec: GoodputSpec | None = None, *,
 
     def attainment(rate: float) -> float:
         nonlocal devices
-        sim = Simulation(scenario.with_(**{spec.rate_path: rate}), base_dir, file)
+        sim = Simulation(with_rate(scenario, spec.rate_path, rate), base_dir, file)
         devices = sum(p.devices for p in sim.plan.pools)
         res = sim.run()
-        value = float(res.summary.get("slo_attainment", float("nan")))
+        value = attainment_of(res.summary)
         runs[rate] = res
         probes.append((rate, value))
         return value if math.isfinite(value) else 0.0
@@ -147,5 +189,5 @@ def search_goodput(scenario: Scenario, spec: GoodputSpec | None = None, *,
     if lo is None:
         return GoodputResult(0.0, float("nan"), devices, probes, None)
     best = runs[lo]
-    return GoodputResult(lo, float(best.summary["slo_attainment"]), devices, probes, best,
+    return GoodputResult(lo, attainment_of(best.summary), devices, probes, best,
                          capped=hi is None)

@@ -14,13 +14,21 @@ from simulator.runner.plan_spec import Family, PlanSpec, scenario_of
 
 
 def _mean_lengths(spec: PlanSpec) -> tuple[float, float]:
+    """Mean prompt and output lengths; with request classes, weighted by class rate."""
     rng = np.random.default_rng(spec.seed)
-    w = spec.workload
-    prompt = float(sample_lengths(w.input_tokens, rng, 8192).mean())  # type: ignore[arg-type]
-    output = float(sample_lengths(w.output_tokens, rng, 8192).mean())  # type: ignore[arg-type]
-    if w.shared_prefix is not None:
-        prompt += w.shared_prefix.tokens * w.shared_prefix.fraction
-    return prompt, output
+    prompts, outputs, weights = [], [], []
+    for src in spec.workload.sources:
+        prompt = float(sample_lengths(src.input_tokens, rng, 8192).mean())  # type: ignore[arg-type]
+        output = float(sample_lengths(src.output_tokens, rng, 8192).mean())  # type: ignore[arg-type]
+        if src.shared_prefix is not None:
+            prompt += src.shared_prefix.tokens * src.shared_prefix.fraction
+        prompts.append(prompt)
+        outputs.append(output)
+        weights.append(float(getattr(src.arrival, "rate_per_s", 1.0)))
+    if len(prompts) == 1:
+        return prompts[0], outputs[0]
+    return (float(np.average(prompts, weights=weights)),
+            float(np.average(outputs, weights=weights)))
 
 
 def capacity(spec: PlanSpec, family: Family) -> tuple[list[float], str | None]:

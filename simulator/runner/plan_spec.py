@@ -73,10 +73,11 @@ class PlanSpec(_Spec):
     def _check(self) -> PlanSpec:
         if self.slo.ttft_s is None and self.slo.tpot_s is None and self.slo.e2e_s is None:
             raise ValueError("give at least one SLO (slo.ttft_s, slo.tpot_s or slo.e2e_s)")
-        if not hasattr(self.workload.arrival, "rate_per_s"):
-            raise ValueError(f"the planner varies the request rate; arrival kind "
-                             f"{self.workload.arrival.kind!r} has none (use poisson, gamma "
-                             "or constant)")
+        for src in self.workload.sources:
+            if not hasattr(src.arrival, "rate_per_s"):
+                kind = src.arrival.kind if src.arrival is not None else None
+                raise ValueError(f"the planner varies the request rate; arrival kind "
+                                 f"{kind!r} has none (use poisson, gamma or constant)")
         if any(t < 1 for t in self.tp) or any(p < 1 for p in self.pp) or \
                 any(d < 1 for d in self.dp):
             raise ValueError("tp, pp and dp sizes must be >= 1")
@@ -87,7 +88,9 @@ class PlanSpec(_Spec):
 
     @property
     def rate(self) -> float:
-        return self.target_rate_per_s or float(self.workload.arrival.rate_per_s)  # type: ignore[union-attr]
+        own = sum((float(getattr(src.arrival, "rate_per_s", 0.0))
+                   for src in self.workload.sources), 0.0)
+        return self.target_rate_per_s or own
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,13 @@ def scenario_of(spec: PlanSpec, family: Family, counts: tuple[int, ...],
               "parallelism": _parallelism(shape), "scheduler": _scheduler(spec, shape)}
              for role, shape, n in zip(family.roles, family.shapes, counts, strict=True)]
     workload = spec.workload.model_dump(mode="json")
-    workload["arrival"]["rate_per_s"] = rate or spec.rate
+    target = rate or spec.rate
+    if workload.get("classes"):  # the traffic mix is kept: every class scales alike
+        own = sum(c["arrival"]["rate_per_s"] for c in workload["classes"])
+        for c in workload["classes"]:
+            c["arrival"]["rate_per_s"] = c["arrival"]["rate_per_s"] * target / own
+    else:
+        workload["arrival"]["rate_per_s"] = target
     return Scenario.model_validate({
         "name": f"{spec.name}: {family.label(counts)}",
         "seed": spec.seed, "model": spec.model, "engine": spec.engine,

@@ -37,7 +37,7 @@ from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_device
 from simulator.runner.build import build_plan
 from simulator.runner.executors import Executor, make_executor
-from simulator.runner.goodput import GoodputSpec
+from simulator.runner.goodput import GoodputSpec, attainment_of
 from simulator.runner.plan_capacity import capacity
 from simulator.runner.plan_spec import (
     Candidate,
@@ -192,7 +192,7 @@ class Planner:
                 if row.get("status") != "ok":
                     self.reject(family, f"simulation failed: {row.get('error')}")
                     del active[family]
-                elif float(row.get("slo_attainment", 0.0)) >= self.spec.attainment:
+                elif attainment_of(row) >= self.spec.attainment:  # every class's SLO
                     self.feasible.append(cand)
                     del active[family]
                 elif tries + 1 >= self.spec.max_simulations_per_family:
@@ -233,6 +233,8 @@ def _row(spec: PlanSpec, cand: Candidate) -> dict[str, Any]:
         **{k: s.get(k, math.nan) for k in keep},
         "target_rate_per_s": spec.rate,
     }
+    if "slo_attainment_min_class" in s:  # request classes: the class the target binds on
+        row["slo_attainment_min_class"] = s["slo_attainment_min_class"]
     for role, shape, n in zip(cand.family.roles, cand.family.shapes, cand.counts, strict=True):
         row[f"{role}_device"], row[f"{role}_tp"] = shape.device, shape.tp
         row[f"{role}_pp"], row[f"{role}_instances"] = shape.pp, n

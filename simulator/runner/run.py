@@ -17,7 +17,9 @@ from simulator.engine.kv_router import KvRouterState
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
 from simulator.engine.router import RouterState
+from simulator.engine.tenants import Admission, class_rngs
 from simulator.engine.workload import Workload
+from simulator.metrics.classes import class_summary
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import (
     SUMMARY_STEP_COLUMNS,
@@ -91,10 +93,12 @@ class Simulation:
                                sc.workload.prefix_block_tokens, lambda: env.now)
                  if "kv_aware" in (router.policy, router.decode_policy)
                  else RouterState(rngs["routing"]))
+        classes = list(sc.workload.classes or ())
+        admission = Admission(classes) if any(c.max_outstanding for c in classes) else None
         cluster = Cluster(env, plan.instances, router, state,
                           recorder, transfer, fast_forward=sc.simulation.fast_forward,
                           prefix_block_tokens=sc.workload.prefix_block_tokens,
-                          speculation_rng=rngs["speculation"])
+                          speculation_rng=rngs["speculation"], admission=admission)
         context = plan.model.max_context_tokens
 
         def submit(req: Request) -> None:
@@ -110,7 +114,12 @@ class Simulation:
                 return
             cluster.submit(req)
 
-        workload = Workload(env, sc.workload, rngs, submit, plan.base_dir)
+        def give_up(req: Request) -> None:
+            cls = workload.classes[req.klass]
+            cluster.cancel(req, f"client timeout after {cls.timeout_s:g} s")
+
+        workload = Workload(env, sc.workload, rngs, submit, plan.base_dir, cancel=give_up,
+                            class_rngs={c.name: class_rngs(sc.seed, c.name, rngs) for c in classes})
         cluster.on_finished = workload.on_finished
 
         def stop() -> bool:
@@ -138,8 +147,9 @@ class Simulation:
         except RuntimeError as exc:  # nothing left to happen: stuck requests stay in flight
             if "No scheduled events left" not in str(exc):
                 raise
+        cluster.stop()
         for req in recorder.requests:
-            if req.status not in {"completed", "rejected", "failed"}:
+            if not req.ended:
                 req.reason = req.reason or f"still {req.status} when the clock stopped"
                 req.move_to(State.IN_FLIGHT)
         names = [s.name for s in plan.instances]
@@ -160,6 +170,8 @@ class Simulation:
             measured_steps = steps[steps["start_s"] >= start]
         summary = summarize(measured, measured_steps, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
                             e2e_s=slo.e2e_s, pool_devices=plan.pool_devices)
+        if classes:
+            summary.update(class_summary(measured, classes, slo, duration=summary["duration_s"]))
         summary.update(cost_summary(plan, summary))
         # Device-hours each instance was powered (autoscaled ones only part of the run).
         device_of = {p.spec.name: p.device for p in plan.pools}
