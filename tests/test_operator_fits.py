@@ -107,10 +107,34 @@ def test_fitted_predictor_from_the_scenario() -> None:
     from tests.conftest import make_scenario
 
     fitted = Simulation(make_scenario(**{"cost.predictor": "fitted"})).run()
-    plain = Simulation(make_scenario()).run()
+    plain = Simulation(make_scenario(**{"cost.predictor": "roofline"})).run()
     assert fitted.summary["cost_predictor"] == "fitted"
     assert plain.summary["cost_predictor"] == "roofline"
     assert fitted.summary["e2e_mean_s"] != pytest.approx(plain.summary["e2e_mean_s"])
+
+
+def test_default_predictor_is_fitted_where_the_device_has_fits() -> None:
+    """``cost.predictor`` unset: the fitted constants on a device that carries them (H100),
+    the device-wide roofline on one that does not (MI300X), and the summary says which."""
+    from simulator.runner.run import Simulation
+    from tests.conftest import make_scenario
+
+    default = Simulation(make_scenario()).run()
+    fitted = Simulation(make_scenario(**{"cost.predictor": "fitted"})).run()
+    assert default.summary["cost_predictor"] == "fitted"
+    assert default.requests.equals(fitted.requests)
+    amd = make_scenario(**{"cluster.pools": [{"name": "main", "role": "colocated",
+                                              "device": "MI300X"}]})
+    assert load_device("MI300X").operators is None
+    assert Simulation(amd).run().summary["cost_predictor"] == "roofline"
+
+
+def test_summary_names_the_predictor_of_each_device_when_they_differ() -> None:
+    from simulator.cost.predictor import predictor_summary
+
+    mi = load_device("MI300X")
+    both = [InstanceCostModel(M8, H100, engine="vllm", fitted=True), InstanceCostModel(M8, mi)]
+    assert predictor_summary(both) == {"cost_predictor": "fitted (H100-SXM), roofline (MI300X)"}
 
 
 def test_kernel_fit_recovers_a_known_operator_on_held_out_shapes() -> None:
