@@ -204,8 +204,16 @@ def _describe(label: str, key: Any) -> str:
     return f"{key} tokens"
 
 
+def _innermost(predictor: Any) -> Any:
+    """The predictor that prices operators, under wrappers such as speculative decoding."""
+    while hasattr(predictor, "inner"):
+        predictor = predictor.inner
+    return predictor
+
+
 def predictor_summary(predictors: list[Any]) -> dict[str, Any]:
     """Run-summary entries of the predictors of a run's instances."""
+    predictors = [_innermost(p) for p in predictors]
     tables = [p for p in predictors if isinstance(p, TablePredictor)]
     if not tables:
         kinds: dict[str, list[str]] = {}

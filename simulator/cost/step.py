@@ -209,7 +209,7 @@ class InstanceCostModel:
         if fit is not None:
             compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes,
                                         rows * self.kv_heads_per_device)
-            fixed = fit.fixed(rows * self.model.num_attention_heads / self.parallelism.tp)
+            fixed = fit.fixed(rows * self._decode_row_heads(fit))
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
             memory = np.where(on_compute, memory, memory + fixed)
@@ -232,6 +232,12 @@ class InstanceCostModel:
         bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
         bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
         return DecodeSeries(seconds, bound, comp, mem)
+
+    def _decode_row_heads(self, fit: OperatorFit) -> float:
+        """Rows of per-row decode-attention work per sequence, as the fit counts them."""
+        if fit.row_unit == "kv_head":
+            return float(self.kv_heads_per_device)
+        return self.model.num_attention_heads / self.parallelism.tp
 
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         """FLOPs and bytes of one layer's decode attention on one device."""
@@ -397,8 +403,10 @@ class InstanceCostModel:
                      b.prefill_seqs * heads, b.prefill_tokens * heads)
         if b.decode_seqs and decode:
             flops, nbytes = self._decode_attention_work(b.decode_seqs, b.decode_ctx_tokens)
+            fit = self._fits.get("attention_decode")
             self._op(acc, flops, nbytes, 1, count, "attention_decode", b,
-                     b.decode_seqs * self.kv_heads_per_device, b.decode_seqs * heads)
+                     b.decode_seqs * self.kv_heads_per_device,
+                     b.decode_seqs * (self._decode_row_heads(fit) if fit else heads))
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism
