@@ -209,3 +209,19 @@ def test_summary_sees_through_the_speculative_wrapper() -> None:
     inner = InstanceCostModel(M8, H100, engine="vllm", fitted=True)
     wrapped = SpeculativePredictor(inner, spec, M8.num_layers)
     assert predictor_summary([wrapped]) == {"cost_predictor": "fitted"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["H100-SXM", "H200-SXM", "A100-SXM-80GB", "L40S"]),
+       st.integers(1, 256), st.integers(0, 200_000))
+def test_a_fitted_decode_step_is_never_cheaper_than_its_longest_sequence(
+        device: str, seqs: int, extra: int) -> None:
+    """The batch shape keeps only the context sum; under the fitted fill term a batch of a
+    long and a short sequence priced as equal halves came out cheaper than the long one
+    alone (TPOT below the one-sequence floor). ``seqs`` sequences holding ``ctx`` tokens
+    are at least as slow as one sequence of ``ctx - (seqs - 1)`` tokens."""
+    cm = InstanceCostModel(M8, load_device(device), engine="vllm", fitted=True)
+    ctx = seqs + extra
+    batch = cm.step(BatchShape.decode(seqs, ctx)).seconds
+    alone = cm.step(BatchShape.decode(1, ctx - (seqs - 1))).seconds
+    assert batch >= alone * (1 - 1e-12)

@@ -39,6 +39,7 @@ import pandas as pd
 
 from simulator.cost.collectives import allreduce_time
 from simulator.cost.roofline import op_time
+from simulator.cost.step import decode_units
 from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
 from simulator.hardware.registry import device_names, load_device, load_link, profiles_dir
 from simulator.runner.kernel_tables import (
@@ -120,7 +121,7 @@ def attention_samples(folder: Path) -> list[Samples]:
             kv = isl + step
             flops = 4 * heads * hd * kv * batch
             nbytes = batch * (kv * 2 * kvh * hd * kvb + 2 * heads * hd * 2)
-            units, rows = batch * kvh, batch * heads
+            units, rows = decode_units(batch, batch * kv, kvh), batch * heads
         keys = (a["num_heads"].astype(str) + "/" + a["num_key_value_heads"].astype(str) + "/"
                 + a["head_dim"].astype(str))
         out.append(Samples(op, "bf16", flops, nbytes, units, rows, a["latency"].to_numpy(float) * 1e-3,
