@@ -82,3 +82,14 @@ def test_a_bad_fraction_by_tp_is_refused() -> None:
 
     with pytest.raises(ValidationError, match="memory_utilization_by_tp"):
         ServingEngineProfile.model_validate(data)
+
+
+def test_sglang_fraction_follows_tp_size_counting_dp_attention_ranks() -> None:
+    """SGLang keys mem_fraction_static on tp_size, which with DP attention is every rank."""
+    ds = {"engine": "sglang", "model": "DeepSeek-V3", "precision.weights": "fp8",
+          "precision.activations": "fp8", "precision.kv_cache": "fp8"}
+    pool = {"name": "main", "device": "H100-SXM", "parallelism": {"tp": 1, "ep": 16, "dp": 16},
+            "placement": {"nodes_per_instance": 2}}
+    mem = build_plan(make_scenario(**ds, **{"cluster.pools": [pool]})).pools[0].memory
+    # weights + KV = the 16-rank fraction of the device (0.79), not the one-rank 0.88
+    assert mem.usable_bytes - mem.activation_bytes == pytest.approx(H100.memory_bytes * 0.79)

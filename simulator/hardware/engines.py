@@ -91,8 +91,9 @@ class ServingEngineProfile(BaseModel):
         "Default fraction of device memory the engine may use."))
     memory_utilization_by_tp: dict[int, float] | None = Field(None, description=(
         "Default fraction by tensor-parallel size where the engine derives it from TP "
-        "(SGLang mem_fraction_static); a TP size not listed takes the largest listed size "
-        "below it. None = memory_utilization at every TP size."))
+        "(SGLang mem_fraction_static, keyed by its tp_size, which with data-parallel "
+        "attention counts every rank: tp x dp); a size not listed takes the largest listed "
+        "size below it. None = memory_utilization at every size."))
     memory_fraction_of: Literal["device", "weights_and_kv", "free_after_weights"] = Field(
         "device", description=(
             "What memory_utilization is a fraction of: the whole device, weights and the "

@@ -290,7 +290,7 @@ def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineP
         sched = pool.scheduler
         r = _Resolved(pool, key, dev, engine, precisions, par,
                       sched.block_size or engine.block_size,
-                      sched.memory_utilization or engine.memory_fraction(ps.tp))
+                      sched.memory_utilization or engine.memory_fraction(ps.tp * ps.dp))
         if ps.pp == "auto" or pool.kv_budget_tokens is not None:
             budget = pool.kv_budget_tokens or 0
             found = smallest_pp(model, r, budget)
