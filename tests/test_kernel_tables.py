@@ -136,9 +136,9 @@ def test_run_summary_records_provenance(monkeypatch: pytest.MonkeyPatch) -> None
     assert s["cost_table_s"] > 0
     assert s["cost_roofline_s"] > 0
     assert "elementwise" in s["cost_fallback_ops"]
-    default = Simulation(make_scenario()).run()
-    assert default.summary["cost_predictor"] == "roofline"
-    assert not math.isclose(res.summary["e2e_mean_s"], default.summary["e2e_mean_s"])
+    plain = Simulation(make_scenario(**{"cost.predictor": "roofline"})).run()
+    assert plain.summary["cost_predictor"] == "roofline"
+    assert not math.isclose(res.summary["e2e_mean_s"], plain.summary["e2e_mean_s"])
 
 
 def test_tables_without_the_extra_is_a_clear_exit_2(

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from simulator.cost import BatchShape, InstanceCostModel, LinkSet, Parallelism, allreduce_time
 from simulator.hardware import load_device, load_link
-from simulator.hardware.profiles import CollectiveCurve, OperatorFit
+from simulator.hardware.profiles import CollectiveCurve, OperatorFit, OperatorFits
 from simulator.models import get_model
 
 FIT = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=1e6, half_units=30.0,
@@ -24,11 +24,14 @@ pos = st.floats(min_value=1.0, max_value=1e14, allow_nan=False)
 @given(pos, pos, st.floats(1.0, 1e5), st.floats(1.0, 4.0))
 def test_fitted_roofline_never_decreases_when_work_grows(f: float, b: float, u: float,
                                                          grow: float) -> None:
-    """More work on the same units, or work growing with its units, never takes less time."""
+    """More work on the same units, or work growing with its units, never takes less time
+    (up to the last bit of rounding: work and fill move in opposite directions, and a growth
+    of one ulp in both can round the product down by one)."""
     base = FIT.seconds(1e15, 3e12, f, b, u, u)
     assert base > 0
-    assert FIT.seconds(1e15, 3e12, f * grow, b * grow, u, u) >= base
-    assert FIT.seconds(1e15, 3e12, f * grow, b * grow, u * grow, u * grow) >= base
+    floor = base * (1 - 1e-12)
+    assert FIT.seconds(1e15, 3e12, f * grow, b * grow, u, u) >= floor
+    assert FIT.seconds(1e15, 3e12, f * grow, b * grow, u * grow, u * grow) >= floor
 
 
 def test_fitted_roofline_pieces() -> None:
@@ -107,10 +110,34 @@ def test_fitted_predictor_from_the_scenario() -> None:
     from tests.conftest import make_scenario
 
     fitted = Simulation(make_scenario(**{"cost.predictor": "fitted"})).run()
-    plain = Simulation(make_scenario()).run()
+    plain = Simulation(make_scenario(**{"cost.predictor": "roofline"})).run()
     assert fitted.summary["cost_predictor"] == "fitted"
     assert plain.summary["cost_predictor"] == "roofline"
     assert fitted.summary["e2e_mean_s"] != pytest.approx(plain.summary["e2e_mean_s"])
+
+
+def test_default_predictor_is_fitted_where_the_device_has_fits() -> None:
+    """``cost.predictor`` unset: the fitted constants on a device that carries them (H100),
+    the device-wide roofline on one that does not (MI300X), and the summary says which."""
+    from simulator.runner.run import Simulation
+    from tests.conftest import make_scenario
+
+    default = Simulation(make_scenario()).run()
+    fitted = Simulation(make_scenario(**{"cost.predictor": "fitted"})).run()
+    assert default.summary["cost_predictor"] == "fitted"
+    assert default.requests.equals(fitted.requests)
+    amd = make_scenario(**{"cluster.pools": [{"name": "main", "role": "colocated",
+                                              "device": "MI300X"}]})
+    assert load_device("MI300X").operators is None
+    assert Simulation(amd).run().summary["cost_predictor"] == "roofline"
+
+
+def test_summary_names_the_predictor_of_each_device_when_they_differ() -> None:
+    from simulator.cost.predictor import predictor_summary
+
+    mi = load_device("MI300X")
+    both = [InstanceCostModel(M8, H100, engine="vllm", fitted=True), InstanceCostModel(M8, mi)]
+    assert predictor_summary(both) == {"cost_predictor": "fitted (H100-SXM), roofline (MI300X)"}
 
 
 def test_kernel_fit_recovers_a_known_operator_on_held_out_shapes() -> None:
@@ -135,3 +162,69 @@ def test_kernel_fit_recovers_a_known_operator_on_held_out_shapes() -> None:
     assert row["held_out_rows"] == int(held_out.sum())
     assert row["median_ape_after"] < 1.0
     assert training_ape(samples, H100, fitted) < training_ape(samples, H100, None)
+
+
+def test_decode_attention_rows_per_kv_head_when_the_fit_counts_them_so() -> None:
+    """``row_unit: kv_head``: the per-row term of decode attention scales with sequences x
+    KV heads (one thread block per sequence and KV head), not with the query heads."""
+    m70 = get_model("Llama-3.1-70B")  # 64 query heads, 8 KV heads
+    fit = OperatorFit(compute=0.5, half_flops=0.0, memory=0.8, half_bytes=0.0,
+                      floor_us=2.0, per_row_ps=20_000.0)
+    costs = {}
+    for unit in ("query_head", "kv_head"):
+        fits = {"attention_decode": fit.model_copy(update={"row_unit": unit})}
+        dev = H100.model_copy(update={"operators": {"vllm": OperatorFits(source="t", fits=fits)}})
+        cm = InstanceCostModel(m70, dev, engine="vllm", fitted=True)
+        costs[unit] = cm.breakdown(BatchShape.decode(32, 32 * 1000))["attention_decode"]
+    rows_saved = 32 * (64 - 8) * m70.num_layers
+    assert costs["query_head"] - costs["kv_head"] == pytest.approx(rows_saved * 20e-9, rel=1e-6)
+
+
+def test_kernel_fit_picks_the_row_unit_that_made_the_data() -> None:
+    import numpy as np
+
+    from simulator.validation.kernel_fit import Samples, fit_family
+
+    rng = np.random.default_rng(1)
+    batch = rng.choice([1.0, 4.0, 16.0, 64.0, 256.0], 800)
+    kv = rng.choice([128.0, 1024.0, 8192.0], 800)
+    heads, kvh = rng.choice([32.0, 64.0, 16.0], 800), rng.choice([2.0, 8.0], 800)
+    flops = 4 * heads * 128 * kv * batch
+    nbytes = batch * (kv * 2 * kvh * 128 * 2 + 2 * heads * 128 * 2)
+    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
+    for unit, rows in (("kv_head", batch * kvh), ("query_head", batch * heads)):
+        true = OperatorFit(compute=0.3, half_flops=0.0, memory=0.85, half_bytes=1e6,
+                           half_units=2.0, floor_us=4.0, per_row_ps=20_000.0)
+        seconds = true.seconds(peak, bw, flops, nbytes, batch * kvh, rows)
+        family = Samples("attention_decode", "bf16", flops, nbytes, batch * kvh, batch * heads,
+                         seconds, heads == 16.0, "synthetic", kv_rows=batch * kvh)
+        _, fitted = fit_family(family, H100)
+        assert fitted.row_unit == unit
+
+
+def test_summary_sees_through_the_speculative_wrapper() -> None:
+    """A pool with speculative decoding wraps its predictor; the summary names the one
+    inside (before, the wrapper had no ``fitted`` and read as ``roofline``)."""
+    from simulator.cost.predictor import predictor_summary
+    from simulator.cost.speculative import Acceptance, SpeculativeConfig, SpeculativePredictor
+
+    spec = SpeculativeConfig("mtp", Acceptance.from_mean(1.8, 1))
+    inner = InstanceCostModel(M8, H100, engine="vllm", fitted=True)
+    wrapped = SpeculativePredictor(inner, spec, M8.num_layers)
+    assert predictor_summary([wrapped]) == {"cost_predictor": "fitted"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["H100-SXM", "H200-SXM", "A100-SXM-80GB", "L40S"]),
+       st.integers(1, 256), st.integers(0, 200_000))
+def test_a_fitted_decode_step_is_never_cheaper_than_its_longest_sequence(
+        device: str, seqs: int, extra: int) -> None:
+    """The batch shape keeps only the context sum; under the fitted fill term a batch of a
+    long and a short sequence priced as equal halves came out cheaper than the long one
+    alone (TPOT below the one-sequence floor). ``seqs`` sequences holding ``ctx`` tokens
+    are at least as slow as one sequence of ``ctx - (seqs - 1)`` tokens."""
+    cm = InstanceCostModel(M8, load_device(device), engine="vllm", fitted=True)
+    ctx = seqs + extra
+    batch = cm.step(BatchShape.decode(seqs, ctx)).seconds
+    alone = cm.step(BatchShape.decode(1, ctx - (seqs - 1))).seconds
+    assert batch >= alone * (1 - 1e-12)

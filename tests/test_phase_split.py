@@ -217,7 +217,8 @@ def test_layerwise_streams_share_the_decode_ports(tmp_path) -> None:
     assert set(r["prefill_instance_name"]) == {"prefill/0", "prefill/1"}
     # Each of the 4 decode ranks receives a quarter of both prompts' KV through its port.
     per_rank = 2 * 4000 * 327680 / 4
-    assert t["end_s"].max() - r["prefill_start_s"].min() >= per_rank / 0.5e9
+    # (equality is the bound itself: allow the last bit of floating-point rounding)
+    assert t["end_s"].max() - r["prefill_start_s"].min() >= per_rank / 0.5e9 * (1 - 1e-12)
     # ... and the streams did overlap the prefills: far less is exposed than in bulk mode.
     bulk = run(sc.with_(**{"cluster.kv_transfer.mode": "bulk"})).transfers
     assert t["exposed_s"].max() < bulk["exposed_s"].max() - 0.5 * r["prefill_s"].min()

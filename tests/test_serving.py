@@ -400,3 +400,14 @@ def test_parallelism_columns_reach_the_scenario(tmp_path: Path) -> None:
     assert sc.workload.arrival.kind == "poisson"
     assert (pool.scheduler.memory_utilization, pool.scheduler.max_num_seqs) == (0.8, 64)
     assert sc.workload.num_requests == ROW["num_requests"]
+
+
+def test_every_shipped_serving_row_cites_its_source() -> None:
+    folder = Path(__file__).resolve().parents[1] / "scenarios" / "validation"
+    files = sorted(folder.glob("serving_*.csv"))
+    assert len(files) >= 5
+    for path in files:
+        rows = read_serving(path)
+        assert len(rows), path.name
+        assert rows["source"].notna().all(), path.name
+        assert (rows["source"].str.len() > 20).all(), path.name

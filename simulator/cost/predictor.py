@@ -204,12 +204,29 @@ def _describe(label: str, key: Any) -> str:
     return f"{key} tokens"
 
 
+def _innermost(predictor: Any) -> Any:
+    """The predictor that prices operators, under wrappers such as speculative decoding."""
+    while hasattr(predictor, "inner"):
+        predictor = predictor.inner
+    return predictor
+
+
 def predictor_summary(predictors: list[Any]) -> dict[str, Any]:
     """Run-summary entries of the predictors of a run's instances."""
+    predictors = [_innermost(p) for p in predictors]
     tables = [p for p in predictors if isinstance(p, TablePredictor)]
     if not tables:
-        fitted = any(getattr(p, "fitted", False) for p in predictors)
-        return {"cost_predictor": "fitted" if fitted else "roofline"}
+        kinds: dict[str, list[str]] = {}
+        for p in predictors:
+            kind = "fitted" if getattr(p, "fitted", False) else "roofline"
+            names = kinds.setdefault(kind, [])
+            if p.device.name not in names:
+                names.append(p.device.name)
+        if len(kinds) <= 1:
+            return {"cost_predictor": next(iter(kinds), "roofline")}
+        # Pools on devices with and without fitted constants: say which priced which.
+        return {"cost_predictor": ", ".join(f"{k} ({', '.join(v)})"
+                                            for k, v in sorted(kinds.items()))}
     total = Provenance()
     for p in tables:
         total.merge(p.provenance)

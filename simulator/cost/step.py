@@ -29,6 +29,18 @@ from simulator.hardware.profiles import DeviceProfile, OperatorFit
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
 
+DECODE_SPLIT_TOKENS = 512
+"""Context tokens per split-KV partition of a decode-attention kernel (vLLM's paged
+attention v2 ``PARTITION_SIZE``; FlashInfer and FlashAttention split long contexts the
+same way): a long sequence fills the GPU with partitions, not with one thread block."""
+
+
+def decode_units(seqs: Any, ctx_tokens: Any, kv_heads: Any) -> Any:
+    """Parallel work units of a decode-attention step: (sequence, KV head) pairs, or its
+    split-KV partitions when the contexts are long. Grows with every sequence and token, so
+    adding a sequence to a batch never makes the step cheaper."""
+    return kv_heads * np.maximum(seqs, np.asarray(ctx_tokens, dtype=float) / DECODE_SPLIT_TOKENS)
+
 
 @dataclass
 class InstanceCostModel:
@@ -201,15 +213,14 @@ class InstanceCostModel:
         rows = max(seqs, padded or 0)  # a replayed graph runs its captured batch size
         ctx = np.asarray(ctx_sums, dtype=float)
         layers = self.model.num_layers
-        flops, nbytes = self._decode_attention_work(rows, ctx)
+        flops, nbytes, units = self._decode_attention_op(rows, ctx)
         dev = self.device
         eff = dev.efficiency
         fit = self._fits.get("attention_decode")
         launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
-            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes,
-                                        rows * self.kv_heads_per_device)
-            fixed = fit.fixed(rows * self.model.num_attention_heads / self.parallelism.tp)
+            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units)
+            fixed = fit.fixed(rows * self._decode_row_heads(fit))
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
             memory = np.where(on_compute, memory, memory + fixed)
@@ -232,6 +243,36 @@ class InstanceCostModel:
         bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
         bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
         return DecodeSeries(seconds, bound, comp, mem)
+
+    def _decode_row_heads(self, fit: OperatorFit) -> float:
+        """Rows of per-row decode-attention work per sequence, as the fit counts them."""
+        if fit.row_unit == "kv_head":
+            return float(self.kv_heads_per_device)
+        return self.model.num_attention_heads / self.parallelism.tp
+
+    def _decode_attention_op(self, seqs: int, ctx: Any) -> tuple[Any, Any, Any]:
+        """FLOPs, bytes and parallel units decode attention is priced with.
+
+        The batch shape keeps only the context sum, so a batch is priced as ``seqs`` equal
+        sequences. Under a fitted curve, whose fill term favours many units, that can be
+        cheaper than one of its sequences alone (a long one next to a short one): the batch
+        is then priced as its longest possible sequence (all but one token per other
+        sequence), so adding a sequence never makes a step faster.
+        """
+        kvh = self.kv_heads_per_device
+        flops, nbytes = self._decode_attention_work(seqs, ctx)
+        units = decode_units(seqs, ctx, kvh)
+        fit = self._fits.get("attention_decode")
+        if fit is None or seqs <= 1:
+            return flops, nbytes, units
+        longest = np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0)
+        flops1, nbytes1 = self._decode_attention_work(1, longest)
+        units1 = decode_units(1, longest, kvh)
+        batch = np.maximum(*fit.parts(self._peak16, self._bw, flops, nbytes, units))
+        alone = np.maximum(*fit.parts(self._peak16, self._bw, flops1, nbytes1, units1))
+        slower = alone > batch
+        return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
+                np.where(slower, units1, units))
 
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         """FLOPs and bytes of one layer's decode attention on one device."""
@@ -396,9 +437,10 @@ class InstanceCostModel:
             self._op(acc, flops, nbytes, 1, count, "attention_prefill", b,
                      b.prefill_seqs * heads, b.prefill_tokens * heads)
         if b.decode_seqs and decode:
-            flops, nbytes = self._decode_attention_work(b.decode_seqs, b.decode_ctx_tokens)
-            self._op(acc, flops, nbytes, 1, count, "attention_decode", b,
-                     b.decode_seqs * self.kv_heads_per_device, b.decode_seqs * heads)
+            flops, nbytes, units = self._decode_attention_op(b.decode_seqs, b.decode_ctx_tokens)
+            fit = self._fits.get("attention_decode")
+            self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
+                     float(units), b.decode_seqs * (self._decode_row_heads(fit) if fit else heads))
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism

@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from simulator._paths import data_dir
 from simulator.config_io import load_model
@@ -89,11 +89,18 @@ class ServingEngineProfile(BaseModel):
     block_size: int = Field(gt=0, description="Default KV block size in tokens.")
     memory_utilization: float = Field(gt=0, le=1, description=(
         "Default fraction of device memory the engine may use."))
-    memory_fraction_of: Literal["device", "free_after_weights"] = Field("device", description=(
-        "What memory_utilization is a fraction of: the whole device, weights and "
-        "activations included (vLLM gpu_memory_utilization, SGLang mem_fraction_static), "
-        "or the memory left after weights and the activation peak (TensorRT-LLM "
-        "free_gpu_memory_fraction)."))
+    memory_utilization_by_tp: dict[int, float] | None = Field(None, description=(
+        "Default fraction by tensor-parallel size where the engine derives it from TP "
+        "(SGLang mem_fraction_static, keyed by its tp_size, which with data-parallel "
+        "attention counts every rank: tp x dp); a size not listed takes the largest listed "
+        "size below it. None = memory_utilization at every size."))
+    memory_fraction_of: Literal["device", "weights_and_kv", "free_after_weights"] = Field(
+        "device", description=(
+            "What memory_utilization is a fraction of: the whole device, weights and the "
+            "activation peak included (vLLM gpu_memory_utilization); weights and the KV "
+            "pool only, activations and CUDA graphs living outside it (SGLang "
+            "mem_fraction_static); or the memory left after weights and the activation "
+            "peak (TensorRT-LLM free_gpu_memory_fraction)."))
     runtime_reserve_gib: float = Field(ge=0, description=(
         "Memory held by the runtime outside weights, KV and activations (CUDA context, "
         "graphs, NCCL buffers), GiB per device."))
@@ -132,6 +139,24 @@ class ServingEngineProfile(BaseModel):
         "The engine's batching policy and its default limits by device class."))
     notes: str | None = Field(None, description="Caveats and assumptions.")
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
+
+    @field_validator("memory_utilization_by_tp")
+    @classmethod
+    def _fractions(cls, value: dict[int, float] | None) -> dict[int, float] | None:
+        if value is not None:
+            for tp, share in value.items():
+                if tp < 1 or not 0 < share <= 1:
+                    raise ValueError(f"memory_utilization_by_tp: tp {tp} -> {share}; "
+                                     "allowed: tp >= 1 -> a fraction in (0, 1]")
+        return value
+
+    def memory_fraction(self, tp: int) -> float:
+        """The default memory fraction at tensor-parallel size ``tp``."""
+        by_tp = self.memory_utilization_by_tp
+        if not by_tp:
+            return self.memory_utilization
+        below = [t for t in by_tp if t <= tp]
+        return by_tp[max(below)] if below else self.memory_utilization
 
 
 def _index() -> dict[str, Path]:

@@ -108,6 +108,12 @@ class OperatorFit(_Frozen):
     floor_us: float = Field(ge=0, description="Fixed latency of one kernel, microseconds.")
     per_row_ps: float = Field(0.0, ge=0, description=(
         "Time per row of per-row work (quantised activation element, query row), picoseconds."))
+    row_unit: Literal["query_head", "kv_head"] = Field("query_head", description=(
+        "Decode attention only: what one row of per-row work is, a (sequence, query head) "
+        "pair, or a (sequence, KV head) pair (grouped-query decode kernels that process the "
+        "query heads of one KV head together, e.g. FlashInfer's batch decode with one "
+        "thread block per sequence and KV head). "
+        "The fit picks the one that fits its training shapes better."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,

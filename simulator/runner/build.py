@@ -221,7 +221,7 @@ def _plan_for(model: ModelConfig, r: _Resolved, par: Parallelism) -> MemoryPlan:
         redundant_experts=redundant_experts(r.pool),
         comm_buffer_bytes=comm_buffer_bytes(r.pool.moe, model, par),
     )
-    return apply_convention(plan, r.util, r.engine.memory_fraction_of)
+    return apply_convention(plan, r.util, r.engine.memory_fraction_of, par.dp)
 
 
 def _probe_links(par: Parallelism) -> LinkSet:
@@ -307,7 +307,7 @@ def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineP
         sched = pool.scheduler
         r = _Resolved(pool, key, dev, engine, precisions, par,
                       sched.block_size or engine.block_size,
-                      sched.memory_utilization or engine.memory_utilization)
+                      sched.memory_utilization or engine.memory_fraction(ps.tp * ps.dp))
         if ps.pp == "auto" or pool.kv_budget_tokens is not None:
             budget = pool.kv_budget_tokens or 0
             found = smallest_pp(model, r, budget)

@@ -179,6 +179,8 @@ def load_tables(system: str, engine: str, version: str | None = None) -> KernelT
 def predictor_for(spec: CostSpec, dev: DeviceProfile, engine: str,
                   file: str | None) -> tuple[type[InstanceCostModel], dict[str, Any]]:
     """The step-time predictor ``cost.predictor`` selects, with its keyword arguments."""
+    if spec.predictor == "auto":
+        return InstanceCostModel, {"fitted": bool(dev.operators)}
     if spec.predictor == "roofline":
         return InstanceCostModel, {}
     if spec.predictor == "fitted":

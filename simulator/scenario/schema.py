@@ -200,8 +200,10 @@ class SimulationSpec(Spec):
 
 
 class CostSpec(Spec):
-    predictor: Literal["roofline", "fitted", "tables"] = Field("roofline", description=(
-        "How step times are priced: `roofline` (device-wide efficiency factors), `fitted` "
+    predictor: Literal["auto", "roofline", "fitted", "tables"] = Field("auto", description=(
+        "How step times are priced: `auto` (default: `fitted` on a device whose profile "
+        "carries fitted per-operator constants, `roofline` on the others; the run summary's "
+        "`cost_predictor` says which), `roofline` (device-wide efficiency factors), `fitted` "
         "(per-operator constants and the engine's measured all-reduce, fitted on measured "
         "kernel tables and stored in the device profiles; no extra dependency) or `tables` "
         "(NVIDIA AIConfigurator's measured kernel tables for the pool's device and engine, "

@@ -30,7 +30,7 @@ import math
 import re
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ import pandas as pd
 
 from simulator.cost.collectives import allreduce_time
 from simulator.cost.roofline import op_time
+from simulator.cost.step import decode_units
 from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
 from simulator.hardware.registry import device_names, load_device, load_link, profiles_dir
 from simulator.runner.kernel_tables import (
@@ -70,6 +71,8 @@ class Samples:
     seconds: np.ndarray
     held_out: np.ndarray
     source: str
+    kv_rows: np.ndarray | None = None
+    """Decode attention: the per-row work counted per (sequence, KV head) instead."""
 
 
 def _held_out(keys: pd.Series) -> np.ndarray:
@@ -118,11 +121,12 @@ def attention_samples(folder: Path) -> list[Samples]:
             kv = isl + step
             flops = 4 * heads * hd * kv * batch
             nbytes = batch * (kv * 2 * kvh * hd * kvb + 2 * heads * hd * 2)
-            units, rows = batch * kvh, batch * heads
+            units, rows = decode_units(batch, batch * kv, kvh), batch * heads
         keys = (a["num_heads"].astype(str) + "/" + a["num_key_value_heads"].astype(str) + "/"
                 + a["head_dim"].astype(str))
         out.append(Samples(op, "bf16", flops, nbytes, units, rows, a["latency"].to_numpy(float) * 1e-3,
-                           _held_out(keys), f"{folder}/{name}"))
+                           _held_out(keys), f"{folder}/{name}",
+                           batch * kvh if op == "attention_decode" else None))
     return out
 
 
@@ -175,7 +179,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
     return OperatorFit(compute=round(f.compute, 4), half_flops=sig4(f.half_flops),
                        memory=round(f.memory, 4), half_bytes=sig4(f.half_bytes),
                        half_units=sig4(f.half_units), floor_us=round(f.floor_us, 3),
-                       per_row_ps=sig4(f.per_row_ps), rows=f.rows)
+                       per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows)
 
 
 def fit(samples: Samples, device: DeviceProfile) -> OperatorFit:
@@ -325,6 +329,22 @@ def evaluate(samples: Samples, device: DeviceProfile, fitted: OperatorFit) -> di
             "median_error_after": round(float(np.median(after / t - 1) * 100), 1)}
 
 
+def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, OperatorFit]:
+    """The fit of one operator family, with the samples it was scored on.
+
+    Decode attention is fitted twice, its per-row work counted per query head and per KV
+    head, and keeps whichever fits the training shapes better (held-out shapes never choose).
+    """
+    fitted = fit(family, device)
+    if family.kv_rows is None:
+        return family, fitted
+    by_kv = replace(family, rows=family.kv_rows, kv_rows=None)
+    alt = fit(by_kv, device).model_copy(update={"row_unit": "kv_head"})
+    if training_ape(by_kv, device, alt) < training_ape(family, device, fitted):
+        return by_kv, alt
+    return family, fitted
+
+
 def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | None
                ) -> tuple[dict[str, OperatorFit], list[CollectiveCurve], list[dict[str, Any]], str]:
     assert device.kernel_tables is not None
@@ -346,10 +366,10 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     if comm is not None:
         used.append(f"comm/{engine}/{comm.name}")
         curves, rows = allreduce_curves(comm, device, engine)
-    for s in samples:
-        if (~s.held_out).sum() < 20 or s.held_out.sum() < 5:
+    for family in samples:
+        if (~family.held_out).sum() < 20 or family.held_out.sum() < 5:
             continue
-        fitted = fit(s, device)
+        s, fitted = fit_family(family, device)
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         # Keep a fit only where it beats the device-wide constants on the shapes it was
         # fitted on (the held-out shapes are never used to choose).
@@ -379,8 +399,11 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
     for name, (src, engine_fits, engine_curves) in sorted(engines.items()):
         block += [f"  {name}:", f"    source: \"{src}\"", "    fits:" if engine_fits else "    fits: {}"]
         for op, f in sorted(engine_fits.items()):
+            dumped = f.model_dump()
+            if dumped["row_unit"] == "query_head":  # the default: keep the lines short
+                del dumped["row_unit"]
             fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
-                               for k, v in f.model_dump().items())
+                               for k, v in dumped.items())
             block.append(f"      {op}: {{{fields}}}")
         if engine_curves:
             block.append("    allreduce:   # [bytes, microseconds]")
