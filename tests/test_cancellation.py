@@ -53,7 +53,8 @@ def tenants(timeout_s: float, retries: int = 0, limit: int | None = None,
 
 
 def scenario(classes: list[dict[str, Any]], layout: str, policy: str = "fcfs",
-             seed: int = 1, util: float = 0.45, dispatch: str = "push") -> Scenario:
+             seed: int = 1, util: float = 0.45, dispatch: str = "push",
+             link_factor: float = 1.0) -> Scenario:
     sched = {"max_num_seqs": 16, "max_num_batched_tokens": 2048,
              "memory_utilization": util, "scheduling_policy": policy}
     if layout == "colocated":
@@ -71,6 +72,9 @@ def scenario(classes: list[dict[str, Any]], layout: str, policy: str = "fcfs",
     if layout != "colocated":
         data["cluster"]["kv_transfer"] = {
             "link": "ethernet-100g", "mode": "layerwise" if layout == "pd_layerwise" else "bulk"}
+        if link_factor < 1.0:  # a slowed hand-off link: transfers last long enough to cut
+            data["faults"] = [{"kind": "link_degradation", "target": "p/0", "at_s": 0.0,
+                               "bandwidth_factor": link_factor}]
     return Scenario.model_validate(data)
 
 
@@ -125,7 +129,7 @@ def test_timeouts_cancel_in_every_phase(monkeypatch: pytest.MonkeyPatch) -> None
     captured = Captured(monkeypatch)
     phases: set[str] = set()
     for timeout, layout in itertools.product((0.2, 0.5, 1.0, 2.0), ("pd_layerwise", "pd_bulk")):
-        res = run(scenario(tenants(timeout, rate=40.0), layout))
+        res = run(scenario(tenants(timeout, rate=40.0), layout, link_factor=0.05))
         c = res.requests[res.requests["status"] == "cancelled"]
         masks = {
             "queued": c["prefill_start_s"].isna(),
