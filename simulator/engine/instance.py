@@ -37,6 +37,8 @@ from simulator.engine.prefix_cache import Below, PrefixCache
 from simulator.engine.process import Batch, ServingProcess
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler import EngineLimits, make_scheduler
+from simulator.engine.swap import HostSwap
+from simulator.engine.tier_io import TierIO
 
 if TYPE_CHECKING:
     from simulator.engine.recorder import Recorder
@@ -120,6 +122,11 @@ class Instance(ServingProcess):
         self._wake: simpy.Event | None = None
         self._revive: simpy.Event | None = None
         self._jump: Jump | None = None
+        self._swap: HostSwap | None = None
+        self._preempted_last = False  # the last step preempted (swap-ins wait a step)
+        self._swap_skipped = False  # this step's swap-ins waited for that reason
+        self._block_size = block_size
+        self._prefix_block_tokens = prefix_block_tokens
         self.process = env.process(self._run())
 
     # ----- the fast-forward gate -----------------------------------------------------
@@ -169,12 +176,13 @@ class Instance(ServingProcess):
     @observes
     def idle(self) -> bool:
         return not (self._waiting or self._running or self._held or self._reserved
-                    or self._pipe.in_flight)
+                    or self._pipe.in_flight or (self._swap is not None and self._swap.pending))
 
     @property
     @observes
     def outstanding(self) -> int:
-        return len(self._waiting) + len(self._running) + len(self._reserved)
+        swapped = self._swap.pending if self._swap is not None else 0
+        return len(self._waiting) + len(self._running) + len(self._reserved) + swapped
 
     @property
     @observes
@@ -280,8 +288,23 @@ class Instance(ServingProcess):
 
     @mutates
     def attach_tiers(self, below: Below | None) -> None:
-        """Put KV tiers under this instance's HBM prefix cache (evictions go down)."""
+        """Put KV tiers under this instance's HBM prefix cache (evictions go down); with
+        ``preemption: swap`` preempted requests swap to their DRAM tier."""
         self._kv.attach_below(below)
+        if self.sched.preemption == "swap" and isinstance(below, TierIO):
+            self._swap = HostSwap(self.env, below, self._block_size, self._prefix_block_tokens)
+
+    @mutates
+    def swap_out_done(self) -> None:
+        """A swapped-out request's copy to the host finished: it may be swapped in."""
+        self._wake_up()
+
+    @mutates
+    def swapped_in(self, req: Request) -> None:
+        """A swapped request's KV is back in HBM: it decodes again."""
+        req.move_to(State.DECODE)
+        self._running.append(req)
+        self._wake_up()
 
     @mutates
     def stage_prefix(self, head: list[int], loaded: list[int]) -> None:
@@ -346,6 +369,8 @@ class Instance(ServingProcess):
             if done:
                 self._apply_jump(jump, done)
         lost = list(self._waiting) + list(self._running)
+        if self._swap is not None:
+            lost += self._swap.lose_all()
         held = list(self._held.values())
         reserved = list(self._reserved.values())
         self._waiting.clear()
