@@ -45,11 +45,21 @@ def test_swap_computes_each_prompt_once_and_recompute_does_not() -> None:
     assert int(rec.steps["prefill_tokens"].sum()) > need_rec
 
 
-def test_fast_forward_is_exact_with_swap() -> None:
-    sc = pressure("swap", **{"workload.num_requests": 120})
+@pytest.mark.parametrize("engine", [
+    {},  # vllm_v1
+    {"engine": "sglang"},
+    {"engine": "trtllm", "cluster.pools.main.scheduler.policy": "trtllm",
+     "cluster.pools.main.scheduler.capacity_scheduler_policy": "max_utilization"},
+    {"cluster.pools.main.scheduler.chunked_prefill": False},
+])
+def test_fast_forward_is_exact_with_swap(engine) -> None:
+    sc = pressure("swap", **{"workload.num_requests": 120, **engine})
     fast = run(sc)
     slow = run(sc.with_(**{"simulation.fast_forward": False}))
     assert fast.summary["preemptions"] > 0
+    reqs = fast.requests
+    assert int(fast.steps["prefill_tokens"].sum()) == int(
+        (reqs["prompt_tokens"] - reqs["cached_tokens"]).sum())
     assert_same_requests(fast.requests, slow.requests)
     assert_same_steps(fast.steps, slow.steps)
 
@@ -134,3 +144,35 @@ def test_swapped_is_a_checked_state() -> None:
     q.move_to(State.PREFILL)
     with pytest.raises(SimulationError, match="prefill -> swapped"):
         q.move_to(State.SWAPPED)  # only a decoding request is swapped
+
+
+def test_blocks_are_conserved_between_hbm_and_host_in_a_run(monkeypatch) -> None:
+    swaps: list[HostSwap] = []
+    seen: list[tuple[int, int, int]] = []  # (HBM blocks held, host blocks lent, capacity)
+    init, out = HostSwap.__init__, HostSwap.swap_out
+
+    def track_init(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        swaps.append(self)
+
+    def track_out(self, req, kv_blocks, on_done) -> bool:
+        ok = out(self, req, kv_blocks, on_done)
+        dram = self.io.stack.private[0]
+        seen.append((req.blocks, sum(self.lent.values()), dram.capacity))
+        return ok
+
+    monkeypatch.setattr(HostSwap, "__init__", track_init)
+    monkeypatch.setattr(HostSwap, "swap_out", track_out)
+    res = run(pressure("swap", **{"workload.num_requests": 120}))
+    assert res.summary["completed"] == 120
+    (swap,) = swaps
+    capacity = swap.route.capacity_blocks
+    assert swap.swap_outs == swap.swap_ins == res.summary["preemptions"] > 0
+    # A swapped request holds no HBM block; what the host lends it leaves the cache's share.
+    for hbm, lent, cap in seen:
+        assert hbm == 0
+        assert lent + cap == capacity
+    assert len(swap.io.stack.private[0]) <= capacity
+    assert swap.io.stack.private[0].capacity == capacity  # all given back at the end
+    assert not swap.lent
+    assert swap.bytes_in == swap.bytes_out
