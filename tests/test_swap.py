@@ -176,3 +176,29 @@ def test_blocks_are_conserved_between_hbm_and_host_in_a_run(monkeypatch) -> None
     assert swap.io.stack.private[0].capacity == capacity  # all given back at the end
     assert not swap.lent
     assert swap.bytes_in == swap.bytes_out
+
+
+SWAP_DECODE = {"prefix_caching": True, "memory_utilization": 0.25, "preemption": "swap",
+               "kv_tiers": [{"kind": "dram", "capacity_gib": 64}]}
+
+
+@pytest.mark.parametrize("extra", [
+    {"faults": [{"kind": "instance_failure", "target": "main/0", "at_s": 4.0,
+                 "duration_s": 2.0}]},
+    {"cluster.pools": [{"name": "p", "role": "prefill", "device": "H100-SXM"},
+                       {"name": "d", "role": "decode", "device": "H100-SXM",
+                        "scheduler": SWAP_DECODE}]},
+])
+def test_swap_survives_a_failure_and_runs_on_decode_instances(extra) -> None:
+    sc = pressure("swap", **{"workload.num_requests": 120, **extra})
+    fast = run(sc)
+    slow = run(sc.with_(**{"simulation.fast_forward": False}))
+    assert fast.summary["completed"] == 120
+    kinds = fast.events["kind"].value_counts()
+    assert kinds["swap_out"] > 0
+    if "faults" in extra:  # a request swapped out when the instance failed is recomputed
+        assert kinds["swap_in"] < kinds["swap_out"]
+    else:
+        assert kinds["swap_in"] == kinds["swap_out"]
+    assert_same_requests(fast.requests, slow.requests)
+    assert_same_steps(fast.steps, slow.steps)
