@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from simulator.engine.swap import HostSwap
 
 
+_NONE: frozenset[int] = frozenset()
+
+
 @dataclass(slots=True)
 class Batch:
     chunks: list[tuple[Request, int]]
@@ -250,7 +253,7 @@ class ServingProcess:
         self._load_changed()  # admissions and preemptions move queue, batch and KV
         now = self.env.now
         self._preempted_last = bool(out.preempted)
-        readmitted = {a.request.id for a in out.admitted} if out.preempted else set()
+        readmitted = {a.request.id for a in out.admitted} if out.preempted else _NONE
         for req in out.preempted:
             self._running.remove(req)
             if (swap is not None and req.status is State.DECODE and req.id not in readmitted
