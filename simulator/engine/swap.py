@@ -10,7 +10,8 @@ and it resumes decoding where it stopped, without recomputing its prompt.
 This follows vLLM V0 (``vllm/core/scheduler.py``, v0.6: ``PreemptionMode.SWAP``,
 ``_preempt_by_swap`` / ``_schedule_swapped``, host blocks from ``--swap-space``): the
 swapped queue is served before new prompts, a step that preempted swaps nothing in, and
-no new prompt is admitted while a request is swapped out. vLLM V1 only recomputes.
+no new prompt is admitted while a request is swapped out (here: or
+being copied back). vLLM V1 only recomputes.
 Differences: vLLM V0 copies blocks inside the step (``cache_engine.swap_in/out`` before
 the model runs) and aborts a request when its swap space is full; here the copies are
 asynchronous flows and a request the host cannot hold is recomputed instead. The host
