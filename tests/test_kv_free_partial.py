@@ -34,7 +34,8 @@ def test_preempted_mid_prefill_caches_only_computed_blocks() -> None:
     # Every cached entry is backed by blocks: the whole memory can be had again.
     assert kv.available == kv.total
     kv.grow(_request(640, 64), kv.total)
-    assert kv.used == kv.total and not cache.entries
+    assert kv.used == kv.total
+    assert not cache.entries
 
 
 def test_vllm_v1_preemption_with_prefix_cache_runs() -> None:

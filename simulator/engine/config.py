@@ -340,9 +340,11 @@ class SchedulerSpec(Spec):
     prefix_caching: bool = Field(False, description=(
         "Keep the KV of finished prompts as a block-hash prefix cache (LRU eviction of "
         "unpinned blocks); a request whose prompt starts with cached blocks skips them."))
-    preemption: Literal["recompute"] = Field("recompute", description=(
-        "What happens to a sequence evicted for lack of KV: its KV is dropped and it is "
-        "prefilled again."))
+    preemption: Literal["recompute", "swap"] = Field("recompute", description=(
+        "What happens to a decoding sequence evicted for lack of KV: `recompute` drops its "
+        "KV and prefills it again; `swap` copies its KV blocks to the host-DRAM tier over "
+        "PCIe and back when it is rescheduled (vLLM V0 `preemption_mode=swap`). `swap` "
+        "needs a `dram` entry in kv_tiers (the host memory it swaps to)."))
     scheduling_policy: Literal["fcfs", "priority"] = Field("fcfs", description=(
         "vLLM `--scheduling-policy`: `fcfs` serves the waiting queue in arrival order and "
         "preempts the most recently admitted running request; `priority` orders the "
@@ -363,6 +365,9 @@ class SchedulerSpec(Spec):
         if kinds != sorted(kinds, key=order.index) or len(set(kinds)) != len(kinds):
             raise ValueError(f"kv_tiers kinds {kinds}: each kind at most once, in the order "
                              "dram, ssd, remote")
+        if self.preemption == "swap" and "dram" not in kinds:
+            raise ValueError("preemption: swap needs a dram tier in kv_tiers (host memory to "
+                             "swap KV blocks to)")
         return self
 
 

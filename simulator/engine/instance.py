@@ -37,6 +37,8 @@ from simulator.engine.prefix_cache import Below, PrefixCache
 from simulator.engine.process import Batch, ServingProcess
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler import EngineLimits, make_scheduler
+from simulator.engine.swap import HostSwap
+from simulator.engine.tier_io import TierIO
 
 if TYPE_CHECKING:
     from simulator.engine.recorder import Recorder
@@ -125,6 +127,11 @@ class Instance(ServingProcess):
         self._wake: simpy.Event | None = None
         self._revive: simpy.Event | None = None
         self._jump: Jump | None = None
+        self._swap: HostSwap | None = None
+        self._preempted_last = False  # the last step preempted (swap-ins wait a step)
+        self._swap_skipped = False  # this step's swap-ins waited for that reason
+        self._block_size = block_size
+        self._prefix_block_tokens = prefix_block_tokens
         self.process = env.process(self._run())
 
     # ----- the fast-forward gate -----------------------------------------------------
@@ -174,12 +181,13 @@ class Instance(ServingProcess):
     @observes
     def idle(self) -> bool:
         return not (self._waiting or self._running or self._held or self._reserved
-                    or self._pipe.in_flight)
+                    or self._pipe.in_flight or (self._swap is not None and self._swap.pending))
 
     @property
     @observes
     def outstanding(self) -> int:
-        return len(self._waiting) + len(self._running) + len(self._reserved)
+        swapped = self._swap.pending if self._swap is not None else 0
+        return len(self._waiting) + len(self._running) + len(self._reserved) + swapped
 
     @property
     @observes
@@ -225,9 +233,10 @@ class Instance(ServingProcess):
 
     @observes
     def holds(self, req: Request) -> bool:
-        """Whether ``req`` waits, runs, or has KV held or reserved here."""
+        """Whether ``req`` waits, runs, is swapped out, or has KV held or reserved here."""
         return (req.id in self._held or req.id in self._reserved or req in self._running
-                or req in self._waiting)
+                or req in self._waiting
+                or (self._swap is not None and req.id in self._swap.lent))
 
     @observes
     def prefix_match_tokens(self, req: Request) -> int:
@@ -291,8 +300,23 @@ class Instance(ServingProcess):
 
     @mutates
     def attach_tiers(self, below: Below | None) -> None:
-        """Put KV tiers under this instance's HBM prefix cache (evictions go down)."""
+        """Put KV tiers under this instance's HBM prefix cache (evictions go down); with
+        ``preemption: swap`` preempted requests swap to their DRAM tier."""
         self._kv.attach_below(below)
+        if self.sched.preemption == "swap" and isinstance(below, TierIO):
+            self._swap = HostSwap(self.env, below, self._block_size, self._prefix_block_tokens)
+
+    @mutates
+    def swap_out_done(self) -> None:
+        """A swapped-out request's copy to the host finished: it may be swapped in."""
+        self._wake_up()
+
+    @mutates
+    def swapped_in(self, req: Request) -> None:
+        """A swapped request's KV is back in HBM: it decodes again."""
+        req.move_to(State.DECODE)
+        self._running.append(req)
+        self._wake_up()
 
     @mutates
     def stage_prefix(self, head: list[int], loaded: list[int]) -> None:
@@ -322,6 +346,10 @@ class Instance(ServingProcess):
             self.release_held(req)
         elif req.id in self._reserved:
             self.cancel_reservation(req)
+        elif self._swap is not None and self._swap.drop(req):
+            self._kv.cancel(req)  # the HBM booked for a copy back in flight, if any
+            self._on_kv_freed(self)
+            self._wake_up()
         elif req in self._running:
             jump = self._jump
             if jump is not None and req in jump.decodes:
@@ -391,6 +419,8 @@ class Instance(ServingProcess):
                 self._apply_jump(jump, done)
         lost = [r for r in (*self._waiting, *self._running) if r.status is not State.CANCELLED]
         self._aborts.clear()
+        if self._swap is not None:
+            lost += self._swap.lose_all()
         held = list(self._held.values())
         reserved = list(self._reserved.values())
         self._waiting.clear()

@@ -177,6 +177,37 @@ class TierStack:
                     level.remove(h)
                     self.counters.discarded += 1
 
+    # ----- host memory lent to swapped-out requests ---------------------------------
+    def lend(self, name: str, blocks: int) -> dict[str, int] | None:
+        """Take ``blocks`` blocks of private tier ``name``'s capacity for swapped KV: its
+        oldest cached blocks move down to the next private tiers (or are dropped). Returns
+        the blocks written into each lower tier, or None (nothing changed) if the tier is
+        too small. Swapped KV and cached blocks thus never share the same bytes."""
+        level = next(t for t in self.private if t.name == name)
+        if level.capacity - blocks < 0:
+            return None
+        level.capacity -= blocks
+        moving: list[int] = []
+        while len(level.entries) > level.capacity:
+            moving.append(level.entries.popitem(last=False)[0])
+        written: dict[str, int] = {}
+        for lower in self.private[self.private.index(level) + 1:]:
+            if not moving:
+                break
+            pushed: list[int] = []
+            for x in moving:
+                written[lower.name] = written.get(lower.name, 0) + 1
+                self.counters.writes[lower.name] += 1
+                pushed.extend(lower.put(x))
+            moving = pushed
+        self.counters.dropped += len(moving)
+        return written
+
+    def give_back(self, name: str, blocks: int) -> None:
+        """Swapped KV left tier ``name``: its capacity returns to the cache."""
+        level = next(t for t in self.private if t.name == name)
+        level.capacity += blocks
+
     def holders(self, h: int) -> list[str]:
         """Names of the tiers holding ``h`` (tests check the private ones are exclusive)."""
         return [t.name for t in self.levels if h in t]

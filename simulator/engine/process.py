@@ -38,6 +38,10 @@ from simulator.engine.scheduler import EngineLimits, Scheduler, SchedulerView
 
 if TYPE_CHECKING:
     from simulator.engine.recorder import Recorder
+    from simulator.engine.swap import HostSwap
+
+
+_NONE: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -82,9 +86,14 @@ class ServingProcess:
     _wake: simpy.Event | None
     _revive: simpy.Event | None
     _jump: Jump | None
+    _swap: HostSwap | None
+    _preempted_last: bool
+    _swap_skipped: bool
     _on_prefilled: Callable[[Any, Request], None]
     _on_complete: Callable[[Any, Request], None]
     _on_kv_freed: Callable[[Any], None]
+    swap_out_done: Callable[[], None]
+    swapped_in: Callable[[Request], None]
 
     def _load_changed(self) -> None:
         """The routing load may have changed: tell the cluster's load index."""
@@ -130,7 +139,7 @@ class ServingProcess:
                 continue
             speed = self._life.speed
             if (self.fast_forward and not batch.chunks and speed == 1.0 and batch.stable
-                    and len(batch.decodes) == len(self._running)):
+                    and len(batch.decodes) == len(self._running) and not self._swap_due()):
                 jump = plan_jump(batch.decodes, self._kv.blocks, self.cost,
                                  self._kv.pinned_blocks, env.now, len(self._waiting),
                                  len(self._running))
@@ -208,6 +217,8 @@ class ServingProcess:
                               len(self._waiting), len(self._running))
         self.scheduler.advance(done - 1)  # the first step was scheduled as usual
         self._load_changed()  # settling may give back KV a reader booked
+        if done > 1:
+            self._preempted_last = False  # the jumped steps preempted nothing
         for r in finished:
             r.generated = r.output_tokens
             self._complete(r)
@@ -223,14 +234,50 @@ class ServingProcess:
         self._on_kv_freed(self)
 
     # ----- schedule: ask the policy, apply its decisions --------------------------------
+    def _swap_in(self) -> None:
+        """Book HBM for the oldest swapped-out requests that fit now and copy them back
+        (vLLM V0 serves its swapped queue before new prompts)."""
+        swap, kv = self._swap, self._kv
+        assert swap is not None
+        while (req := swap.next_ready()) is not None:
+            if len(self._running) + len(self._held) + len(swap.incoming) >= self._limits.max_running:
+                return
+            need = kv.blocks_for(req.context_tokens + 1)
+            if not kv.can_allocate(need):
+                return
+            kv.grow(req, need)
+            swap.swap_in(req, self.swapped_in)
+            self.recorder.event(self.env.now, "swap_in", f"{self.name} request {req.id}")
+
+    def _swap_due(self) -> bool:
+        """A swap-in held back by this step's preemption or the one before may fit within
+        the next steps: run them one by one."""
+        return (self._swap is not None and (self._swap_skipped or self._preempted_last)
+                and self._swap.next_ready() is not None)
+
     def _schedule(self) -> Batch | None:
-        view = SchedulerView(self._waiting, self._running, len(self._held), self._kv,
+        swap = self._swap
+        waiting: Any = self._waiting
+        if swap is not None:
+            self._swap_skipped = self._preempted_last
+            if not self._preempted_last:
+                self._swap_in()
+            if swap.pending:
+                waiting = ()  # vLLM V0: no new prompt while a request is swapped out
+        view = SchedulerView(waiting, self._running, len(self._held), self._kv,
                              self._limits, self._priority)
         out = self.scheduler.schedule(view)
         self._load_changed()  # admissions and preemptions move queue, batch and KV
         now = self.env.now
+        self._preempted_last = bool(out.preempted)
+        readmitted = {a.request.id for a in out.admitted} if out.preempted else _NONE
         for req in out.preempted:
             self._running.remove(req)
+            if (swap is not None and req.status is State.DECODE and req.id not in readmitted
+                    and swap.swap_out(req, self._kv.blocks_for(req.context_tokens),
+                                      self.swap_out_done)):
+                self.recorder.event(now, "swap_out", f"{self.name} request {req.id}")
+                continue
             kept = req.blocks  # booked again if it was re-admitted in the same step
             req.reset_for_recompute()
             req.blocks = kept

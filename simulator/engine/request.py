@@ -8,6 +8,7 @@ Its life is a small state machine. Every change of state goes through
       │  │              └──prompt was the whole answer──▶ COMPLETED
       │  └─▶ REJECTED (too long for the model or every instance's KV)
       └──── preempted (recompute) or restarted after a fault, from PREFILL / DECODE / TRANSFER
+    DECODE ──preempted (swap)──▶ SWAPPED ──KV copied back──▶ DECODE   (SWAPPED ──fault──▶ QUEUED)
     any live state ──▶ FAILED (retries exhausted)   any live state ──▶ IN_FLIGHT (clock stopped)
     QUEUED ──▶ SHED (over its class's admission limit)
     any live state ──▶ CANCELLED (its client gave up: a request class's timeout)
@@ -30,6 +31,7 @@ class State(StrEnum):
     PREFILL = "prefill"  # admitted: its prompt is being prefilled
     DECODE = "decode"  # generating tokens
     TRANSFER = "transfer"  # prefilled; its KV waits for or is on its way to a decode instance
+    SWAPPED = "swapped"  # preempted with its KV copied to host memory (preemption: swap)
     COMPLETED = "completed"
     REJECTED = "rejected"
     FAILED = "failed"
@@ -38,15 +40,17 @@ class State(StrEnum):
     CANCELLED = "cancelled"  # its client gave up (timeout) before it finished
 
 
-_LIVE = (State.QUEUED, State.PREFILL, State.DECODE, State.TRANSFER)
+_LIVE = (State.QUEUED, State.PREFILL, State.DECODE, State.TRANSFER, State.SWAPPED)
 TRANSITIONS: dict[State, frozenset[State]] = {
     # Re-queueing a queued request (a cluster-level queue handing it on) is allowed.
     State.QUEUED: frozenset({State.QUEUED, State.PREFILL, State.REJECTED, State.FAILED,
                              State.IN_FLIGHT, State.SHED, State.CANCELLED}),
     State.PREFILL: frozenset({State.DECODE, State.TRANSFER, State.COMPLETED, State.QUEUED,
                               State.FAILED, State.IN_FLIGHT, State.CANCELLED}),
-    State.DECODE: frozenset({State.COMPLETED, State.QUEUED, State.FAILED, State.IN_FLIGHT,
-                             State.CANCELLED}),
+    State.DECODE: frozenset({State.COMPLETED, State.QUEUED, State.SWAPPED, State.FAILED,
+                             State.IN_FLIGHT, State.CANCELLED}),
+    State.SWAPPED: frozenset({State.DECODE, State.QUEUED, State.FAILED, State.IN_FLIGHT,
+                              State.CANCELLED}),
     State.TRANSFER: frozenset({State.DECODE, State.QUEUED, State.FAILED, State.IN_FLIGHT,
                                State.CANCELLED}),
     State.COMPLETED: frozenset(),
