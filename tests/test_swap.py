@@ -217,8 +217,8 @@ def test_a_cancelled_swapped_request_gives_its_host_copy_back() -> None:
     assert swap.swap_out(back, 64, lambda: None)
     assert dram.capacity == 2
     env.run()
-    swap.swap_in(swap.next_ready(), delivered.append)  # ``out`` copies back
     delivered: list[Request] = []
+    swap.swap_in(swap.next_ready(), delivered.append)  # ``out`` copies back
     assert swap.drop(out)
     assert swap.drop(back)
     assert not swap.drop(_decoding(3))  # not here
