@@ -162,6 +162,17 @@ class Scheduler(Protocol):
         ...
 
 
+class Stateless:
+    """A policy that keeps nothing between steps: every stretch of identical decode steps
+    may be fast-forwarded, and there is nothing to advance."""
+
+    def stable(self, view: SchedulerView) -> bool:
+        return True
+
+    def advance(self, steps: int) -> None:
+        return None
+
+
 @dataclass(slots=True)
 class PlainLedger:
     """A ledger over plain numbers, for tests and for reasoning about a policy.

@@ -21,6 +21,7 @@ from simulator.engine.scheduler.base import (
     Admission,
     SchedulerOutput,
     SchedulerView,
+    Stateless,
 )
 
 
@@ -119,14 +120,8 @@ class _Step:
         return req, target - cached
 
 
-class DecodeFirstChunked:
+class DecodeFirstChunked(Stateless):
     """Decode-first continuous batching with chunked prefill."""
-
-    def stable(self, view: SchedulerView) -> bool:
-        return True
-
-    def advance(self, steps: int) -> None:
-        return None
 
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim = view.limits
@@ -158,14 +153,8 @@ class DecodeFirstChunked:
         return out
 
 
-class PrefillFirst:
+class PrefillFirst(Stateless):
     """Whole prompts first; decode steps only when no prompt is admitted."""
-
-    def stable(self, view: SchedulerView) -> bool:
-        return True
-
-    def advance(self, steps: int) -> None:
-        return None
 
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim = view.limits

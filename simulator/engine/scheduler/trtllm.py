@@ -39,25 +39,20 @@ from simulator.engine.scheduler.base import (
     Admission,
     SchedulerOutput,
     SchedulerView,
+    Stateless,
     ordered_waiting,
 )
 
 CapacityPolicy = Literal["guaranteed_no_evict", "max_utilization"]
 
 
-class TrtllmInflight:
+class TrtllmInflight(Stateless):
     """TensorRT-LLM capacity + micro-batch scheduling."""
 
     def __init__(self, capacity: CapacityPolicy = "guaranteed_no_evict",
                  chunked: bool = False) -> None:
         self.capacity = capacity
         self.chunked = chunked
-
-    def stable(self, view: SchedulerView) -> bool:
-        return True
-
-    def advance(self, steps: int) -> None:
-        return None
 
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         out = SchedulerOutput()
