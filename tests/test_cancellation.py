@@ -87,10 +87,10 @@ def assert_nothing_left(cluster: Cluster) -> None:
         assert inst.idle, inst.name
         assert inst.held == 0
         assert inst.reserved == 0
-    assert not cluster.in_transfer
-    assert not cluster.flows
-    assert not cluster.streaming
-    assert not cluster.pending_decode
+    assert not cluster.handoff.in_transfer
+    assert not cluster.handoff.flows
+    assert not cluster.handoff.streaming
+    assert not cluster.handoff.pending
     assert len(cluster.pending_entry) == 0
 
 
