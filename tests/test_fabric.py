@@ -96,6 +96,20 @@ def test_degraded_and_dead_resources() -> None:
     assert got[-1] == (pytest.approx(2.6), False)  # nothing gets through a dead NIC
 
 
+def test_a_resource_first_used_after_its_owner_died_for_good_is_dead() -> None:
+    """Routes are resolved lazily: a NIC that no hand-off had crossed when its link died
+    for good must fail the flows that reach it later, not carry them at 0 B/s forever."""
+    env = simpy.Environment()
+    fabric = Fabric(env)
+    fabric.degrade("prefill/0", 0.0, for_good=True)
+    nic = ResourceSpec("nic:tx", 10 * GB, owner="prefill/0")
+    other = ResourceSpec("nic2:tx", 10 * GB, owner="prefill/1")
+    dead, alive = fabric.start([FlowSpec((nic,), GB), FlowSpec((other,), GB)])
+    env.run(until=1.0)
+    assert dead.done.value is False
+    assert alive.done.value is True
+
+
 def test_uncapping_a_flow_with_no_finite_resource_finishes_it() -> None:
     """A layer-wise stream over an ideal link is limited by its cap alone; lifting the
     cap (the prefill ended early) leaves nothing to wait for."""

@@ -104,6 +104,7 @@ class Fabric:
         self.resources: dict[str, Resource] = {}
         self._owned: dict[str, set[str]] = {}
         self._factor: dict[str, float] = {}
+        self._dead: set[str] = set()  # owners whose resources died for good
         self._flows: dict[Flow, None] = {}  # ordered: ties finish in start order
         self._gen = 0
         self._last = env.now
@@ -117,7 +118,9 @@ class Fabric:
         if res is None:
             res = Resource(spec.key, spec.bandwidth)
             if spec.owner is not None:
+                # A resource first used after its owner's fault shares that fault.
                 res.factor = self._factor.get(spec.owner, 1.0)
+                res.dead = spec.owner in self._dead
             self.resources[spec.key] = res
         if spec.owner is not None:
             self._owned.setdefault(spec.owner, set()).add(spec.key)
@@ -187,6 +190,8 @@ class Fabric:
         """Scale the resources ``owner`` sends through; factor 0 for good kills them."""
         self._advance()
         self._factor[owner] = factor
+        if factor <= 0 and for_good:
+            self._dead.add(owner)
         killed: list[Flow] = []
         for key in sorted(self._owned.get(owner, ())):
             res = self.resources[key]
