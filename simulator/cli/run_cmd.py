@@ -66,6 +66,9 @@ def run(
     console.print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps in "
                   f"{result.wall_s:.2f} s wall")
     report_skipped(result, console)
+    if not quiet:
+        for warning in result.warnings:  # on stderr, so --json output stays one object
+            typer.echo(f"warning: {warning}", err=True)
     if out is not None:
         with staged_folder(out) as tmp:
             result.save(tmp)

@@ -1,5 +1,9 @@
 """Per-pool autoscaling: a policy looks at a load signal every interval and powers
-instances on (after a cold start) or drains them (no new work; off once idle)."""
+instances on (after a cold start) or drains them (no new work; off once idle).
+
+Its ticks and drain polls are daemons (:mod:`simulator.engine.daemons`): they never keep
+a stalled run going.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import simpy
 
 from simulator.engine.cluster import Cluster
 from simulator.engine.config import AutoscaleSpec
+from simulator.engine.daemons import Daemons
 from simulator.engine.instance import Instance
 
 
@@ -38,8 +43,10 @@ def pool_signal(kind: str, instances: list[Instance]) -> float:
 
 class Autoscaler:
     def __init__(self, env: simpy.Environment, cluster: Cluster, pool: str,
-                 spec: AutoscaleSpec, cold_start_s: float, stop: Callable[[], bool]) -> None:
+                 spec: AutoscaleSpec, cold_start_s: float, stop: Callable[[], bool],
+                 daemons: Daemons) -> None:
         self.env = env
+        self.daemons = daemons
         self.cluster = cluster
         self.pool = pool
         self.spec = spec
@@ -49,13 +56,23 @@ class Autoscaler:
         self.starting: set[int] = set()
         for x in self.instances:
             x.collect_signals()
+        daemons.add_rescuer(self)
         env.process(self._loop())
+
+    def could_rescue(self) -> bool:
+        """An instance of this pool that is off could take a request waiting for one."""
+        off = [x for x in self.instances if not x.active and x.index not in self.starting]
+        if not off:
+            return False
+        waiting = (self.cluster.handoff.pending_requests() if off[0].role == "decode"
+                   else list(self.cluster.pending_entry))
+        return any(x.can_ever_hold(req) for req in waiting for x in off)
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         spec, env = self.spec, self.env
         last_action = -float("inf")
         while not self.stop():
-            yield env.timeout(spec.interval_s)
+            yield self.daemons.sleep(spec.interval_s)
             signal = pool_signal(spec.signal, self.instances)
             if env.now - last_action < spec.cooldown_s:
                 continue
@@ -75,6 +92,7 @@ class Autoscaler:
                                                 f"{off.name} (signal {signal:.4g})")
                     env.process(self._start(off))
                 last_action = env.now
+                self.daemons.acted()
             elif signal < spec.scale_in_below and len(serving) > spec.min_instances:
                 victim = min(serving, key=lambda x: (x.outstanding, -x.index))
                 victim.drain()
@@ -82,6 +100,9 @@ class Autoscaler:
                                             f"{victim.name} (signal {signal:.4g})")
                 env.process(self._drain(victim))
                 last_action = env.now
+                self.daemons.acted()
+            else:
+                self.daemons.quiet(self)
 
     def _start(self, inst: Instance) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(self.cold_start_s)
@@ -92,7 +113,7 @@ class Autoscaler:
 
     def _drain(self, inst: Instance) -> Generator[simpy.Event, Any, None]:
         while not inst.idle:
-            yield self.env.timeout(min(1.0, self.spec.interval_s))
+            yield self.daemons.sleep(min(1.0, self.spec.interval_s))
         if inst.draining:
             inst.switch_off()
             self.cluster.recorder.event(self.env.now, "instance_off", inst.name)

@@ -330,6 +330,10 @@ class Cluster:
         self.handoff.kv_location.pop(req.id, None)
         self._route(req)
 
+    def waiting_for_instance(self) -> bool:
+        """Whether a request waits at the router, or for decode room, for an instance."""
+        return bool(self.pending_entry) or bool(self.handoff.pending)
+
     def stop(self) -> None:
         """The clock has stopped: every instance books what ended by now (no more events
         run after this)."""

@@ -11,6 +11,9 @@ applies the stated policy to in-flight work (see docs/operations.md):
 * a degraded link slows every transfer leaving the instance; a link that is down stalls
   them, and a link down for good fails them (there is no second path);
 * a straggler runs every step ``slowdown`` times slower.
+
+The up-times of random failures are daemons (:mod:`simulator.engine.daemons`): a stalled
+run stops rather than waiting for the next failure; a repair that is due is waited for.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from simulator.engine.config import (
     RandomFailures,
     Straggler,
 )
+from simulator.engine.daemons import Daemons
 
 Stop = Callable[[], bool]
 
 
 def start_faults(env: simpy.Environment, cluster: Cluster, faults: list[Fault],
-                 rng: np.random.Generator, stop: Stop) -> None:
+                 rng: np.random.Generator, stop: Stop, daemons: Daemons) -> None:
     for fault in faults:
         if isinstance(fault, InstanceFailure):
             env.process(_instance_failure(env, cluster, fault))
@@ -47,7 +51,8 @@ def start_faults(env: simpy.Environment, cluster: Cluster, faults: list[Fault],
                 if inst.pool == fault.pool:
                     # One child stream per instance keeps runs reproducible.
                     child = np.random.default_rng(rng.integers(2**63))
-                    env.process(_random_failures(env, cluster, inst.name, fault, child, stop))
+                    env.process(_random_failures(env, cluster, inst.name, fault, child, stop,
+                                                 daemons))
 
 
 def _instance_failure(env: simpy.Environment, cluster: Cluster,
@@ -84,10 +89,11 @@ def _straggler(env: simpy.Environment, cluster: Cluster,
 
 
 def _random_failures(env: simpy.Environment, cluster: Cluster, name: str, f: RandomFailures,
-                     rng: np.random.Generator, stop: Stop) -> Generator[simpy.Event, Any, None]:
+                     rng: np.random.Generator, stop: Stop,
+                     daemons: Daemons) -> Generator[simpy.Event, Any, None]:
     inst = cluster.by_name[name]
     while not stop():
-        yield env.timeout(float(rng.exponential(f.mtbf_s)))
+        yield daemons.sleep(float(rng.exponential(f.mtbf_s)))
         if stop():
             return
         cluster.fail_instance(inst)

@@ -71,6 +71,10 @@ class HandOff:
         self.streaming: dict[int, tuple[Instance, Request, Request]] = {}
         self.kv_location: dict[int, int] = {}
 
+    def pending_requests(self) -> list[Request]:
+        """Requests whose prefill is done, waiting for a decode instance with room."""
+        return [req for req, _ in self.pending]
+
     def prefill_started(self, src: Instance, req: Request) -> None:
         """Layer-wise: reserve a destination now and stream each layer's KV as it is made.
 

@@ -56,6 +56,8 @@ class RunResult:
     events: pd.DataFrame = field(default_factory=pd.DataFrame)
     wall_s: float = 0.0
     sim_events: int = 0
+    warnings: list[str] = field(default_factory=list)
+    """What the caller should know about the run (e.g. that it stalled), one line each."""
 
     @property
     def steps(self) -> pd.DataFrame:

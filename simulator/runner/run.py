@@ -12,6 +12,7 @@ import simpy
 from simulator.cost.predictor import predictor_summary
 from simulator.engine.autoscaler import Autoscaler
 from simulator.engine.cluster import Cluster, TransferPlan
+from simulator.engine.daemons import Daemons
 from simulator.engine.faults import start_faults
 from simulator.engine.kv_router import KvRouterState
 from simulator.engine.recorder import Recorder
@@ -125,15 +126,17 @@ class Simulation:
         def stop() -> bool:
             return workload.done.triggered
 
-        start_faults(env, cluster, list(sc.faults), rngs["faults"], stop)
+        daemons = Daemons(env, cluster.waiting_for_instance)
+        start_faults(env, cluster, list(sc.faults), rngs["faults"], stop, daemons)
         for pool in plan.pools:
             if pool.spec.autoscale is not None:
                 cold = next(s.cold_start_s for s in plan.instances if s.pool == pool.spec.name)
-                Autoscaler(env, cluster, pool.spec.name, pool.spec.autoscale, cold, stop)
+                Autoscaler(env, cluster, pool.spec.name, pool.spec.autoscale, cold, stop,
+                           daemons)
         workload.start()
         until: simpy.Event = workload.done
         if sc.simulation.max_time_s is not None:
-            until = env.any_of([workload.done, env.timeout(sc.simulation.max_time_s)])
+            until = env.any_of([workload.done, daemons.deadline(sc.simulation.max_time_s)])
         tick = None
         if self.progress is not None:
             callback, total = self.progress, sc.workload.num_requests
@@ -148,10 +151,17 @@ class Simulation:
             if "No scheduled events left" not in str(exc):
                 raise
         cluster.stop()
+        stuck: dict[str, int] = {}
         for req in recorder.requests:
             if not req.ended:
+                if daemons.stalled_at is not None:
+                    stuck[str(req.status)] = stuck.get(str(req.status), 0) + 1
+                    req.reason = req.reason or (
+                        f"stuck {req.status}: nothing could move it when the run stalled at "
+                        f"{daemons.stalled_at:.6g} s")
                 req.reason = req.reason or f"still {req.status} when the clock stopped"
                 req.move_to(State.IN_FLIGHT)
+        warnings = [stall_warning(daemons.stalled_at, stuck)] if stuck else []
         names = [s.name for s in plan.instances]
         pools = [s.pool for s in plan.instances]
         requests = add_latency_columns(recorder.requests_frame(names))
@@ -181,6 +191,7 @@ class Simulation:
                                         "generated_tokens"].sum())
         summary.update(powered_cost_summary(powered, out_tokens))
         summary["retries"] = cluster.retries
+        summary["stalled"] = daemons.stalled_at is not None
         if any(spec.tiers for spec in plan.instances) or any(
                 p.spec.scheduler.prefix_caching and p.spec.role == "decode" for p in plan.pools):
             summary.update(tier_summary(measured))
@@ -196,7 +207,16 @@ class Simulation:
         sim_events = next(env._eid)
         del steps, measured_steps
         return RunResult(with_resolved_precision(sc, plan.model), requests, step_records,
-                         transfers, summary, events, wall, sim_events)
+                         transfers, summary, events, wall, sim_events, warnings)
+
+
+def stall_warning(at: float | None, stuck: dict[str, int]) -> str:
+    """One line naming how many requests a stalled run left, where, and why."""
+    where = ", ".join(f"{n} {state}" for state, n in sorted(stuck.items()))
+    return (f"the run stalled at {at:.6g} s with {sum(stuck.values())} request(s) unfinished "
+            f"({where}): nothing but periodic processes (autoscaler ticks, random-failure "
+            "timers) was left to happen, so no request could progress; they are reported "
+            "in_flight (see docs/RELIABILITY.md, 'Every run ends')")
 
 
 def run(scenario: Scenario | str | Path, *, seed: int | None = None,
