@@ -11,13 +11,18 @@ import json
 import subprocess
 import sys
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import simpy
+import yaml
 
 from simulator.engine.daemons import Daemons
+from simulator.errors import EXIT_OK
 from simulator.scenario.schema import Scenario
 from tests.conftest import REPO, make_scenario
+from tests.test_exit_codes import exit_code
 
 CHILD = """
 import json, sys
@@ -170,3 +175,15 @@ def test_a_rescuer_that_could_help_is_given_its_look_first() -> None:
     assert _stall_time(waiting=True, busy=5, work_until=2.5) == 7.0
     # A look before the period began does not count.
     assert _stall_time(waiting=True, busy=0, work_until=2.5) == 4.0
+
+
+def test_cli_run_warns_on_stderr_and_succeeds(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "stall.yaml"
+    path.write_text(yaml.safe_dump(dead_decode().model_dump(mode="json")))
+    code, err = exit_code(["run", str(path), "--json"], capsys)
+    assert code == EXIT_OK
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("warning: the run stalled at ")
+    assert "19 request(s) unfinished" in lines[0]
