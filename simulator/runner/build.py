@@ -1,7 +1,11 @@
 """Resolve a scenario into engine objects: profiles, placement, cost models, KV capacity.
 
 All checks that need profiles (memory fit, links that exist) happen here, before any
-simulated time passes, and fail with one line naming the scenario file and key.
+simulated time passes, and fail with one line naming the scenario file and key. Each
+pool's profiles, parallelism and memory plan are resolved in
+:mod:`simulator.runner.pool_build`; this module places the pools, builds their cost
+models and instance specs, and checks what spans the whole scenario (prompts against KV
+capacity, fault targets, links).
 """
 
 from __future__ import annotations
@@ -9,13 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.cost.engine_memory import apply_convention
 from simulator.cost.handoff import handoff_streams
 from simulator.cost.host import host_model
-from simulator.cost.memory import MemoryPlan, plan_memory
-from simulator.cost.parallel import Parallelism, Precisions
+from simulator.cost.memory import MemoryPlan
+from simulator.cost.parallel import Parallelism
 from simulator.cost.speculative import SpeculativePredictor
-from simulator.cost.step import InstanceCostModel, LinkSet
+from simulator.cost.step import InstanceCostModel
 from simulator.engine.cluster import InstanceSpec
 from simulator.engine.config import (
     EmpiricalLength,
@@ -30,22 +33,26 @@ from simulator.engine.fabric import TransferPath
 from simulator.engine.workload import load_trace
 from simulator.errors import ConfigError, MemoryFitError
 from simulator.hardware.engines import ServingEngineProfile, load_engine
-from simulator.hardware.profiles import DeviceProfile, LinkProfile, Price
-from simulator.hardware.registry import load_device, load_link
+from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.models.catalog import get_model, resolve_precisions
 from simulator.runner.checks import check_model_settings
 from simulator.runner.kernel_tables import predictor_for
 from simulator.runner.moe_build import (
-    comm_buffer_bytes,
     moe_cost_kwargs,
     pool_imbalance,
-    redundant_experts,
     speculative_config,
 )
 from simulator.runner.paths import transfer_path
 from simulator.runner.placement import Placement, place
-from simulator.runner.scheduler_defaults import resolve_scheduler
+from simulator.runner.pool_build import (
+    instance_links,
+    keyed,
+    link_or_none,
+    memory_error,
+    plan_for,
+    resolve_pools,
+)
 from simulator.runner.tier_build import pool_tier_routes
 from simulator.scenario.schema import PoolSpec, PrecisionSpec, Scenario
 from simulator.units import GIB
@@ -91,23 +98,6 @@ class ClusterPlan:
         return out
 
 
-def _keyed(exc: ConfigError, file: str | None, key: str) -> ConfigError:
-    """Attribute ``exc`` to the scenario's key; a file it refers to goes in the message."""
-    message = exc.message
-    if exc.file is not None and exc.file != file:
-        message = f"{message}: {exc.file}"
-    return type(exc)(message, file=file or exc.file, key=exc.key or key)
-
-
-def _link(name: str | None, file: str | None, key: str) -> LinkProfile | None:
-    if name is None:
-        return None
-    try:
-        return load_link(name)
-    except ConfigError as exc:
-        raise _keyed(exc, file, key) from None
-
-
 def _max_prompt(scenario: Scenario, base_dir: Path) -> int | None:
     w = scenario.workload
     if isinstance(w.arrival, TraceArrival):
@@ -149,103 +139,6 @@ def _min_prompt(scenario: Scenario) -> int | None:
     return out
 
 
-def instance_links(placement: Placement, par: Parallelism, file: str | None,
-                   key: str) -> LinkSet:
-    """Links of an instance's collectives, from where its ranks sit.
-
-    A stage's TP (and EP) group talks over the scale-up link when all its ranks share a
-    scale-up domain, else over the scale-out network; PP activations cross the scale-out
-    network when any two consecutive stages sit in different domains.
-    """
-    dev = placement.device
-    up = _link(dev.scale_up_link, file, f"{key}.device")
-    out = _link(dev.scale_out_link, file, f"{key}.device")
-
-    def pick(inside: bool) -> LinkProfile | None:
-        return (up or out) if inside else (out or up)
-
-    tp_inside = all(placement.same_domain(range(s * par.tp, (s + 1) * par.tp))
-                    for s in range(par.pp))
-    group_link = pick(tp_inside)
-    if par.tp > 1 and group_link is None:
-        raise ConfigError(f"tp={par.tp} needs a link but device {dev.name} has no "
-                          "scale_up_link or scale_out_link", file=file,
-                          key=f"{key}.parallelism.tp")
-    pp_link = None
-    if par.pp > 1:
-        pp_inside = all(placement.domain_of_rank(s * par.tp - 1) == placement.domain_of_rank(s * par.tp)
-                        for s in range(1, par.pp))
-        pp_link = pick(pp_inside)
-        if pp_link is None:
-            raise ConfigError(f"pp={par.pp} needs a link but device {dev.name} has none",
-                              file=file, key=f"{key}.parallelism.pp")
-    return LinkSet(tp=group_link if par.tp > 1 else None, pp=pp_link,
-                   ep=group_link if par.ep > 1 else None)
-
-
-def memory_error(model: ModelConfig, dev: DeviceProfile, par: Parallelism, mem: MemoryPlan,
-                 precision: str, util: float) -> str:
-    need = mem.weight_bytes + mem.activation_bytes
-    return (
-        f"{model.name} does not fit on {dev.name} with tp={par.tp} pp={par.pp}: each device "
-        f"needs {mem.weight_bytes / GIB:.1f} GiB of {precision} weights + "
-        f"{mem.activation_bytes / GIB:.1f} GiB activations/runtime = {need / GIB:.1f} GiB, "
-        f"but has {mem.usable_bytes / GIB:.1f} GiB usable ({dev.memory_capacity_gib:g} GiB x "
-        f"{util:g}); raise tp or pp, use lower-precision weights, or a larger device"
-    )
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    """A pool with its profiles looked up and its parallelism made concrete."""
-
-    pool: PoolSpec
-    key: str
-    device: DeviceProfile
-    engine: ServingEngineProfile
-    precisions: Precisions
-    par: Parallelism
-    block: int
-    util: float
-
-
-def _plan_for(model: ModelConfig, r: _Resolved, par: Parallelism) -> MemoryPlan:
-    sched = r.pool.scheduler
-    probe = InstanceCostModel(model, r.device, par, r.precisions, _probe_links(par),
-                              **moe_cost_kwargs(r.pool, model, r.device, par, None, 1.0))
-    plan = plan_memory(
-        model, r.device, par, r.precisions, memory_utilization=r.util, block_size=r.block,
-        max_batched_tokens=sched.max_num_batched_tokens, max_seqs=sched.max_num_seqs,
-        runtime_reserve_gib=r.engine.runtime_reserve_gib + r.engine.cuda_graph_reserve_gib,
-        kv_elements_per_token_per_layer_device=probe.kv_elements_per_token_per_layer_device(),
-        redundant_experts=redundant_experts(r.pool),
-        comm_buffer_bytes=comm_buffer_bytes(r.pool.moe, model, par),
-    )
-    return apply_convention(plan, r.util, r.engine.memory_fraction_of, par.dp)
-
-
-def _probe_links(par: Parallelism) -> LinkSet:
-    ideal = load_link("ideal")
-    return LinkSet(tp=ideal if par.tp > 1 else None, pp=ideal if par.pp > 1 else None,
-                   ep=ideal if par.ep > 1 else None)
-
-
-def smallest_pp(model: ModelConfig, r: _Resolved, kv_tokens: int) -> tuple[int, MemoryPlan] | None:
-    """Fewest pipeline stages whose devices hold the weights and ``kv_tokens`` of KV."""
-    tp, ep = r.par.tp, r.par.ep
-    per_device = r.device.memory_bytes * r.util
-    lower = max(1, int(model.weight_bytes(r.precisions.weights) // (per_device * tp)))
-    # Whole-layer stages stop at one layer per stage; balanced stages may split layers.
-    most = model.num_layers * (8 if r.par.balanced_stages else 1)
-    for pp in range(min(lower, most), most + 1):
-        par = Parallelism(tp, pp, ep, r.par.balanced_stages, r.par.dp)
-        mem = _plan_for(model, r, par)
-        if mem.weight_bytes + mem.activation_bytes < mem.usable_bytes and \
-                mem.kv_capacity_tokens >= kv_tokens:
-            return pp, mem
-    return None
-
-
 def with_resolved_precision(scenario: Scenario, model: ModelConfig) -> Scenario:
     """The scenario with every precision spelled out as simulated (unset fields take the
     model's released precision), for ``scenario.resolved.yaml``."""
@@ -260,78 +153,6 @@ def with_resolved_precision(scenario: Scenario, model: ModelConfig) -> Scenario:
     return out
 
 
-def pool_device(pool: PoolSpec, base_dir: Path, file: str | None, key: str) -> DeviceProfile:
-    """The pool's device profile: a shipped name, or a YAML path relative to the scenario
-    file (as traces are); with the pool's ``device_usd_per_hour`` as its price."""
-    name = pool.device
-    if name.endswith((".yaml", ".yml")):
-        path = Path(name) if Path(name).is_absolute() else base_dir / name
-        if not path.is_file():
-            raise ConfigError(f"device file {name!r} not found (looked for {path}; a device "
-                              "path is relative to the scenario file)", file=file,
-                              key=f"{key}.device")
-        name = str(path)
-    try:
-        dev = load_device(name)
-    except ConfigError as exc:
-        raise _keyed(exc, file, f"{key}.device") from None
-    if pool.device_usd_per_hour is not None:
-        dev = dev.model_copy(update={"price": Price(
-            usd_per_hour=pool.device_usd_per_hour, date="scenario",
-            source=f"scenario override ({key}.device_usd_per_hour)")})
-    return dev
-
-
-def _resolve(scenario: Scenario, model: ModelConfig, base_engine: ServingEngineProfile,
-             file: str | None, base_dir: Path) -> list[_Resolved]:
-    out = []
-    for i, given in enumerate(scenario.cluster.pools):
-        key = f"cluster.pools[{i}]"
-        dev = pool_device(given, base_dir, file, key)
-        engine = base_engine
-        if given.engine is not None:
-            try:
-                engine = load_engine(given.engine)
-            except ConfigError as exc:
-                raise _keyed(exc, file, f"{key}.engine") from None
-        pool = given.model_copy(update={
-            "scheduler": resolve_scheduler(given.scheduler, engine, file, key)})
-        prec = resolve_precisions(model, pool.precision, scenario.precision)
-        precisions = Precisions(prec["weights"], prec["activations"], prec["kv_cache"])
-        ps = pool.parallelism
-        try:
-            par = Parallelism(ps.tp, 1 if ps.pp == "auto" else ps.pp, ps.ep,
-                              ps.layer_split == "balanced", ps.dp)
-        except ValueError as exc:
-            raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
-        sched = pool.scheduler
-        r = _Resolved(pool, key, dev, engine, precisions, par,
-                      sched.block_size or engine.block_size,
-                      sched.memory_utilization or engine.memory_fraction(ps.tp * ps.dp))
-        if ps.pp == "auto" or pool.kv_budget_tokens is not None:
-            budget = pool.kv_budget_tokens or 0
-            found = smallest_pp(model, r, budget)
-            if found is None:
-                most = model.num_layers * (8 if r.par.balanced_stages else 1)
-                raise MemoryFitError(
-                    f"{model.name} with {budget} KV tokens does not fit on {dev.name} even "
-                    f"with tp={ps.tp} x pp={most} ({ps.tp * most} devices); raise tp, use "
-                    f"lower precision, or lower kv_budget_tokens", file=file,
-                    key=f"{key}.parallelism")
-            need_pp, _ = found
-            if ps.pp == "auto":
-                par = Parallelism(ps.tp, need_pp, ps.ep, r.par.balanced_stages, ps.dp)
-            elif ps.pp < need_pp:
-                raise MemoryFitError(
-                    f"{model.name} with {budget} KV tokens needs at least tp={ps.tp} x "
-                    f"pp={need_pp} = {ps.tp * need_pp} {dev.name} devices per instance, "
-                    f"given {ps.tp} x {ps.pp} = {ps.tp * ps.pp}; raise pp (or set pp: auto)",
-                    file=file, key=f"{key}.parallelism.pp")
-            r = _Resolved(pool, key, dev, engine, precisions, par, r.block, r.util)
-        out.append(r)
-    return out
-
-
 def build_plan(scenario: Scenario, base_dir: Path | None = None,
                file: str | None = None) -> ClusterPlan:
     base_dir = base_dir or Path.cwd()
@@ -339,19 +160,19 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         model = get_model(scenario.model if not scenario.model.endswith(".json")
                           else str(base_dir / scenario.model))
     except ConfigError as exc:
-        raise _keyed(exc, file, "model") from None
+        raise keyed(exc, file, "model") from None
     check_model_settings(scenario, model, file)
     try:
         base_engine = load_engine(scenario.engine)
     except ConfigError as exc:
-        raise _keyed(exc, file, "engine") from None
+        raise keyed(exc, file, "engine") from None
     try:
         max_prompt = _max_prompt(scenario, base_dir)
     except ConfigError as exc:
-        raise _keyed(exc, file, "workload.arrival.path") from None
+        raise keyed(exc, file, "workload.arrival.path") from None
 
     min_prompt = _min_prompt(scenario)
-    resolved = _resolve(scenario, model, base_engine, file, base_dir)
+    resolved = resolve_pools(scenario, model, base_engine, file, base_dir)
     groups = [(r.pool.name, r.device, r.pool.max_instances, r.par.devices) for r in resolved]
     spread = {r.pool.name: r.pool.placement.nodes_per_instance
               for r in resolved if r.pool.placement.nodes_per_instance}
@@ -389,7 +210,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                                   file=file, key=f"{key}.speculative")
             costs = [SpeculativePredictor(c, spec_cfg, model.num_layers)  # type: ignore[misc]
                      for c in costs]
-        mem = _plan_for(model, r, par)
+        mem = plan_for(model, r, par)
         if mem.weight_bytes + mem.activation_bytes >= mem.usable_bytes:
             raise MemoryFitError(memory_error(model, dev, par, mem, r.precisions.weights, r.util),
                                  file=file, key=f"{key}.parallelism")
@@ -444,7 +265,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
     kv = scenario.cluster.kv_transfer
     for link_key, name in (("link", kv.link), ("network", kv.network)):
         if name is not None:
-            _link(name, file, f"cluster.kv_transfer.{link_key}")
+            link_or_none(name, file, f"cluster.kv_transfer.{link_key}")
     return ClusterPlan(scenario, model, base_engine, pools, instances, placements, base_dir, file)
 
 
