@@ -68,7 +68,7 @@ def dead_decode(**more: Any) -> Scenario:
 
 def test_a_run_whose_hand_offs_wait_for_good_stalls_and_reports_them() -> None:
     out = run_limited(dead_decode())
-    assert out["stalled"] is True
+    assert out["stalled"] == 1
     assert out["status"] == {"in_flight": 19, "completed": 1}
     assert out["in_flight"] == 19
     assert len(out["reasons"]) == 1
@@ -82,7 +82,7 @@ def test_random_failure_timers_do_not_keep_a_stalled_run_going() -> None:
     out = run_limited(dead_decode(faults=[
         {"kind": "instance_failure", "target": "d/0", "at_s": 1.0},
         {"kind": "random_failures", "pool": "p", "mtbf_s": 5.0, "mttr_s": 1.0}]))
-    assert out["stalled"] is True
+    assert out["stalled"] == 1
     assert sum(out["status"].values()) == 20
     assert out["status"]["in_flight"] == out["in_flight"] > 0
 
@@ -115,7 +115,7 @@ def test_the_hypothesis_example_that_hung_ends() -> None:
         # Every hand-off from main/0 crosses its dead link: they fail, none hangs.
         assert out["status"] == {"failed": 40}
         assert out["reasons"] == ["KV transfer failed: link ethernet-100g:main/0 is down"]
-        assert out["stalled"] is False
+        assert out["stalled"] == 0
 
 
 def test_a_scale_out_that_rescues_waiting_requests_is_waited_for() -> None:
@@ -132,7 +132,7 @@ def test_a_scale_out_that_rescues_waiting_requests_is_waited_for() -> None:
     })
     out = run_limited(sc)
     assert out["status"] == {"completed": 20}
-    assert out["stalled"] is False
+    assert out["stalled"] == 0
     assert out["warnings"] == []
 
 

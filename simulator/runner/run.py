@@ -191,7 +191,7 @@ class Simulation:
                                         "generated_tokens"].sum())
         summary.update(powered_cost_summary(powered, out_tokens))
         summary["retries"] = cluster.retries
-        summary["stalled"] = daemons.stalled_at is not None
+        summary["stalled"] = int(daemons.stalled_at is not None)  # 0/1: a number in sweep tables
         if any(spec.tiers for spec in plan.instances) or any(
                 p.spec.scheduler.prefix_caching and p.spec.role == "decode" for p in plan.pools):
             summary.update(tier_summary(measured))
