@@ -229,3 +229,23 @@ def test_a_cancelled_swapped_request_gives_its_host_copy_back() -> None:
     assert not swap.queue
     assert not swap.incoming
     assert swap.next_ready() is None
+
+
+def test_the_summary_counts_swaps_and_their_bytes() -> None:
+    swap, rec = run(pressure("swap")), run(pressure("recompute"))
+    swaps = int((swap.events["kind"] == "swap_out").sum())
+    assert swaps > 20
+    assert swap.summary["swap_preemptions"] == swaps
+    assert int(swap.requests["swaps"].sum()) == swaps
+    recomputed = int((swap.events["kind"] == "preempt").sum())
+    assert swap.summary["preemptions"] == swaps + recomputed
+    # Each swap copies the request's HBM blocks: 16-token blocks of Llama-3.1-8B's bf16 KV
+    # (32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 128 KiB per token).
+    per_token = 32 * 8 * 128 * 2 * 2
+    assert swap.summary["swap_bytes"] > 0
+    assert swap.summary["swap_bytes"] % (16 * per_token) == 0
+    moved = swap.requests.loc[swap.requests["swaps"] > 0]
+    assert (moved["swap_bytes"] >= moved["swaps"] * (moved["prompt_tokens"] // 16) * 16
+            * per_token).all()
+    assert rec.summary["swap_preemptions"] == 0
+    assert rec.summary["swap_bytes"] == 0.0

@@ -112,6 +112,8 @@ class Request:
         "session",
         "src_blocks",
         "ssd_hit_tokens",
+        "swap_bytes",
+        "swaps",
         "transfer_end_s",
         "transfer_start_s",
         "transfer_wait_s",
@@ -145,6 +147,8 @@ class Request:
         self.session = -1  # multi-turn: the conversation and the turn in it (from 1)
         self.turn = 0
         self.preemptions = 0
+        self.swaps = 0  # of the preemptions, those that swapped its KV to host memory
+        self.swap_bytes = 0.0  # KV bytes those swaps copied to host memory
         self.restarts = 0  # times a failure sent it back to be prefilled or placed again
         self._state = State.QUEUED
         self.reason = ""

@@ -81,8 +81,11 @@ class HostSwap:
         self.queue.append(req)
         req.move_to(State.SWAPPED)
         req.preemptions += 1
+        req.swaps += 1
+        nbytes = kv_blocks * self.kv_block_share * self.route.block_bytes
+        req.swap_bytes += nbytes
         self.swap_outs += 1
-        self.bytes_out += kv_blocks * self.kv_block_share * self.route.block_bytes
+        self.bytes_out += nbytes
         specs = self._specs(self.route.write, kv_blocks)
         self.env.process(self._copy_out(req, specs, on_done))
         return True

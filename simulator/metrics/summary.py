@@ -189,6 +189,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     summary["slo_attainment"] = float(met.sum() / len(reqs)) if len(reqs) else float("nan")
     summary["goodput"] = float(met.sum()) / duration if len(done) else 0.0
     summary["preemptions"] = int(reqs["preemptions"].sum())
+    if "swaps" in reqs:  # scheduler.preemption: swap; included in preemptions
+        summary["swap_preemptions"] = int(reqs["swaps"].sum())
+        summary["swap_bytes"] = float(reqs["swap_bytes"].sum())
     if "cached_tokens" in reqs:
         started = reqs[reqs["prefill_start_s"].notna()]
         prompt = float(started["prompt_tokens"].sum())
