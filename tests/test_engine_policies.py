@@ -168,6 +168,30 @@ def test_trtllm_without_chunking_a_context_larger_than_the_tokens_left_waits() -
     assert [(r.id, n) for r, n in out.chunks] == [(1, 200), (2, 48)]  # 55 left: 3 blocks
 
 
+def prefilling(rid: int, prompt: int, done: int, ledger: PlainLedger) -> Request:
+    """A running request part-way through a chunked prefill (KV for ``done`` tokens)."""
+    r = Request(rid, 0.0, prompt, 50)
+    r.move_to(State.PREFILL)
+    r.prefilled = done
+    ledger.blocks[rid] = ledger.blocks_for(done)
+    return r
+
+
+def test_trtllm_a_context_in_chunked_prefill_counts_against_max_batch_size() -> None:
+    """TensorRT-LLM 1.0+, tensorrt_llm/_torch/pyexecutor/scheduler.py: PyCapacityScheduler
+    stops at len(scheduled_requests) >= max_num_requests over contexts (CONTEXT_INIT, a
+    chunked context stays in it) and generations alike, and PyMicroBatchScheduler counts
+    both toward max_batch_size (scheduled_req_count)."""
+    for capacity in ("guaranteed_no_evict", "max_utilization"):
+        ledger = PlainLedger(free=1000, block_size=BS)
+        run = [decoding(0, 32, 1, ledger, spare=1), prefilling(1, 600, 256, ledger)]
+        out = TrtllmInflight(capacity, chunked=True).schedule(
+            view([waiting(2, 10)], run, ledger, seqs=2, tokens=512))
+        assert out.admitted == []  # 1 decoding + 1 prefilling = max_batch_size 2
+        assert out.decodes == [run[0]]
+        assert [(r.id, n) for r, n in out.chunks] == [(1, 344)]  # the rest of its prompt
+
+
 # ----- SGLang ------------------------------------------------------------------------
 def test_sglang_orders_the_queue_by_longest_prefix_match() -> None:
     ledger = PlainLedger(free=10_000, block_size=BS, hits={1: 64, 2: 512})
@@ -207,6 +231,23 @@ def test_sglang_retracts_fewest_generated_to_the_back_and_resets_the_ratio() -> 
     assert out.preempted_to_front is False
     assert out.decodes == [a, c]
     assert sched.new_token_ratio == min(1.0, (5 + 9 + 20 * 2) / 2000)
+
+
+def test_sglang_the_chunked_request_counts_against_max_running_requests() -> None:
+    """SGLang 0.4-0.5, python/sglang/srt/managers/scheduler.py get_new_batch_prefill: the
+    chunked request is added to the PrefillAdder's can_run_list first, and admission stops
+    at len(adder.can_run_list) >= get_num_allocatable_reqs(running_bs), which is
+    max_running_requests less the running batch; so decoding + chunked + new <= the cap."""
+    ledger = PlainLedger(free=1000, block_size=BS)
+    chunked = prefilling(1, 600, 256, ledger)
+    run = [decoding(0, 32, 1, ledger, spare=1, out=60), chunked]
+    out = SglangScheduler("fcfs").schedule(view([waiting(2, 10)], run, ledger, seqs=2,
+                                                tokens=512))
+    assert [(r.id, n) for r, n in out.chunks] == [(1, 344)]  # the rest of its prompt
+    assert out.admitted == []  # 1 running + the chunked one = max_running_requests 2
+    out = SglangScheduler("fcfs").schedule(view([waiting(2, 10)], run, ledger, seqs=3,
+                                                tokens=512))
+    assert [a.request.id for a in out.admitted] == [2]  # room for one more
 
 
 # ----- every policy: budget, caps ---------------------------------------------------

@@ -58,7 +58,7 @@ def test_guaranteed_no_evict_never_preempts_where_vllm_does() -> None:
 
 
 def test_the_engine_profile_picks_the_policy() -> None:
-    for engine, policy in (("vllm", "vllm_v1"), ("trtllm", "continuous"), ("sglang", "sglang")):
+    for engine, policy in (("vllm", "vllm_v1"), ("trtllm", "trtllm"), ("sglang", "sglang")):
         plan = Simulation(make_scenario(engine=engine)).plan
         assert plan.instances[0].scheduler.policy == policy
     plan = Simulation(make_scenario(**{"engine": "vllm",

@@ -25,6 +25,10 @@ Two passes per step:
    context that does not fit the tokens left stops the pass; with it, contexts are
    chunked first come first served in multiples of the KV block size.
 
+Both passes count a context still being chunked against ``max_batch_size`` exactly as
+a generation request (the capacity scheduler's ``len(scheduled_requests)``, the
+micro-batch scheduler's ``scheduled_req_count``), so running + chunking <= the cap.
+
 A context's KV is booked for its whole prompt when it is admitted (the KV cache manager
 adds the sequence with its prompt length); generation grows it block by block. Requests
 in flight in another pipeline micro-batch are skipped (``inflight_request_ids``).
