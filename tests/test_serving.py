@@ -22,7 +22,7 @@ from simulator.runner.build import build_plan
 from simulator.runner.run import run
 from simulator.validation import aliases
 from simulator.validation.serving import long_errors, simulate_rows
-from simulator.validation.serving_fit import fit
+from simulator.validation.serving_fit import fit, fit_joint
 from simulator.validation.serving_io import read_serving, vllm_bench_record
 from simulator.validation.serving_report import build, write
 from tests.conftest import make_scenario
@@ -338,6 +338,45 @@ def test_fit_recovers_the_host_time_that_made_the_measurement(tmp_path: Path) ->
     made = simulate_rows(rows.assign(engine=str(path)))
     rows = rows.assign(measured_tpot_ms=float(made.iloc[0]["predicted_tpot_ms"]))
     assert fit(rows, "vllm", "step_overhead_us", tol=2.0) == pytest.approx(truth, abs=3.0)
+
+
+def test_a_per_layer_time_is_paid_on_every_step_graphed_or_not() -> None:
+    hm = HostModel(step_s=100e-6, layer_s=30e-6, eager_layer_s=10e-6)
+    assert hm.host_s(4, 32, graphed=True) == pytest.approx(100e-6 + 32 * 30e-6)
+    assert hm.host_s(4, 32, graphed=False) == pytest.approx(100e-6 + 32 * 40e-6)
+    v0 = host_model(load_engine("vllm-0.6"))
+    assert v0.layer_s == pytest.approx(load_engine("vllm-0.6").per_layer_overhead_us * 1e-6)
+
+
+def test_joint_fit_recovers_a_step_and_a_per_layer_time_from_two_models(
+        tmp_path: Path) -> None:
+    truth = {"step_overhead_us": 250.0, "per_layer_overhead_us": 40.0}
+    base = load_engine("vllm-0.6").model_dump(mode="json")
+    path = tmp_path / "truth.yaml"
+    path.write_text(json.dumps({**base, **truth}))
+    batch = {"device": "H100-SXM", "engine": "vllm", "engine_version": "0.6",
+             "input_len": 32, "output_len": 16, "concurrency": "", "num_requests": 8,
+             "source": "test"}
+    rows = read_serving(_csv(tmp_path, [
+        {**batch, "model": "meta-llama/Llama-3.1-8B-Instruct", "tp": 1,
+         "measured_e2e_ms": 1.0},
+        {**batch, "model": "Llama-3.1-70B", "tp": 4, "measured_e2e_ms": 1.0}]))
+    made = simulate_rows(rows.assign(engine=str(path), engine_version=None))
+    rows = rows.assign(measured_e2e_ms=made["predicted_e2e_ms"].to_numpy())
+    got = fit_joint(rows, "vllm-0.6", tuple(truth))
+    assert got["step_overhead_us"] == pytest.approx(250.0, abs=2.0)
+    assert got["per_layer_overhead_us"] == pytest.approx(40.0, abs=0.1)
+
+
+def test_the_v0_constants_zero_the_errors_of_their_calibration_rows() -> None:
+    """The committed vllm-0.6 constants are the fit's (python -m
+    simulator.validation.serving_fit) on the declared calibration set."""
+    cal = read_serving(Path("scenarios/validation/serving_calibration.csv"))
+    rows = cal[cal["engine_version"] == "0.6"]
+    assert len(rows) == 2
+    assert {engine_ref("vllm", "0.6")} == {"vllm-0.6"}
+    errors = long_errors(simulate_rows(rows))["error"]
+    assert errors.abs().max() < 0.002
 
 
 def test_report_keeps_calibration_apart_and_writes_its_section(tmp_path: Path) -> None:

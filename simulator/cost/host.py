@@ -5,7 +5,9 @@ a CUDA graph, process the sampled tokens) around GPU work. Three engine behaviou
 what the GPU waits for (figures and sources per engine in hardware_profiles/engines/):
 
 - **Fixed and per-sequence host time** per step (scheduler, input preparation, output
-  processing), and a **per-layer launch gap** when the step does not replay a CUDA graph.
+  processing), a **per-layer time** every step pays (per-layer runtime work of an engine
+  build that the operator model does not price), and a **per-layer launch gap** when the
+  step does not replay a CUDA graph.
 - **CUDA-graph capture sizes**: a graph-replayed batch pads up to the next captured size
   (vLLM ``cudagraph_capture_sizes``, SGLang ``--cuda-graph-bs``, TensorRT-LLM
   ``cuda_graph_config.batch_sizes`` with padding); a batch above the largest size runs
@@ -34,7 +36,10 @@ class HostModel:
 
     step_s: float = 0.0
     per_seq_s: float = 0.0
+    layer_s: float = 0.0
+    """Per layer, every step."""
     eager_layer_s: float = 0.0
+    """Per layer, steps that replay no CUDA graph only."""
     overlap: float = 0.0
     graph_sizes: tuple[int, ...] = ()
     """Captured batch sizes, ascending; empty = graphs at any decode batch size."""
@@ -43,7 +48,7 @@ class HostModel:
     cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
-        if min(self.step_s, self.per_seq_s, self.eager_layer_s) < 0:
+        if min(self.step_s, self.per_seq_s, self.layer_s, self.eager_layer_s) < 0:
             raise ValueError("host times must be >= 0")
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
@@ -64,8 +69,8 @@ class HostModel:
 
     def host_s(self, seqs: int, layers: float, graphed: bool) -> float:
         """Host seconds of one step with ``seqs`` sequences."""
-        eager = 0.0 if graphed else self.eager_layer_s * layers
-        return self.step_s + self.per_seq_s * seqs + eager
+        per_layer = self.layer_s if graphed else self.layer_s + self.eager_layer_s
+        return self.step_s + self.per_seq_s * seqs + per_layer * layers
 
     def step_seconds(self, gpu_s: Any, host_s: float) -> Any:
         """Wall time of a step from its GPU and host seconds (numpy arrays allowed)."""
@@ -82,6 +87,7 @@ def host_model(engine: ServingEngineProfile, max_num_seqs: int | None = None) ->
     return HostModel(
         step_s=engine.step_overhead_us * 1e-6,
         per_seq_s=engine.per_sequence_overhead_us * 1e-6,
+        layer_s=engine.per_layer_overhead_us * 1e-6,
         eager_layer_s=engine.per_layer_eager_us * 1e-6,
         overlap=engine.async_overlap,
         graph_sizes=graphs.captured(max_num_seqs),

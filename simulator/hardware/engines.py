@@ -104,6 +104,10 @@ class ServingEngineProfile(BaseModel):
     runtime_reserve_gib: float = Field(ge=0, description=(
         "Memory held by the runtime outside weights, KV and activations (CUDA context, "
         "graphs, NCCL buffers), GiB per device."))
+    per_layer_overhead_us: float = Field(0.0, ge=0, description=(
+        "Exposed time per layer in every step, graph-replayed or not, that the operator "
+        "model does not price (per-layer runtime work of an engine build the GPU waits "
+        "for), microseconds."))
     per_layer_eager_us: float = Field(0.0, ge=0, description=(
         "Host launch gap per layer in steps that do not replay a CUDA graph (Python "
         "module dispatch and kernel launches the GPU waits for), microseconds."))

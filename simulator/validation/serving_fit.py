@@ -5,10 +5,15 @@ serving measurements, and only on ``scenarios/validation/serving_calibration.csv
 short, declared list of public points, each with its source. Everything else a serving
 CSV holds is validation and is reported apart from it (docs/VALIDATION.md).
 
-The fit is one scalar per engine: the value of ``parameter`` (e.g. ``step_overhead_us``)
-that makes the median signed error of the engine's calibration rows zero, found by
-bisection (the errors grow monotonically with a host cost). It prints the value; the
-profile YAML records it with ``calibrated_on`` naming the file.
+The calibration rows are grouped by the engine profile that prices them (``engine`` and
+``engine_version``, as ``validate-serving`` resolves them). One constant per profile is the
+value of its ``parameter`` (e.g. ``step_overhead_us``) that makes the median signed error
+of its rows zero, found by bisection (the errors grow monotonically with a host cost).
+Where a profile fits as many constants as it has rows (``vllm-0.6``: a per-step and a
+per-layer time from two models of 32 and 80 layers), they are solved jointly for a zero
+error on every row by Newton steps on finite differences (the simulated batch latency is
+affine in host time per step). It prints the values; the profile YAML records them with
+``calibrated_on`` naming the file.
 """
 
 from __future__ import annotations
@@ -22,22 +27,57 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from simulator.hardware.engines import load_engine
+from simulator.hardware.engines import engine_ref, load_engine
 from simulator.validation.serving import long_errors, simulate_rows
 from simulator.validation.serving_io import read_serving
 
-FITTED = {"vllm": "step_overhead_us", "trtllm": "per_sequence_overhead_us"}
+FITTED: dict[str, tuple[str, ...]] = {
+    "vllm": ("step_overhead_us",),
+    "trtllm": ("per_sequence_overhead_us",),
+    "vllm-0.6": ("step_overhead_us", "per_layer_overhead_us"),
+}
+"""The constants fitted per engine profile (profile name: parameters)."""
+
+
+def row_errors(rows: pd.DataFrame, engine: str, values: dict[str, float],
+               folder: Path) -> np.ndarray:
+    """Signed error of every measured value of ``rows`` when the engine profile's
+    parameters take ``values``."""
+    data: dict[str, Any] = load_engine(engine).model_dump(mode="json")
+    data.update({k: float(v) for k, v in values.items()})
+    tag = "-".join(f"{k}-{v:.6g}" for k, v in values.items())
+    path = folder / f"{engine}-{tag}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    trial = rows.assign(engine=str(path), engine_version=None)
+    return long_errors(simulate_rows(trial))["error"].to_numpy(dtype=float)
 
 
 def median_error(rows: pd.DataFrame, engine: str, parameter: str, value: float,
                  folder: Path) -> float:
     """Median signed error of ``rows`` when the engine profile's ``parameter`` = value."""
-    data: dict[str, Any] = load_engine(engine).model_dump(mode="json")
-    data[parameter] = float(value)
-    path = folder / f"{engine}-{parameter}-{value:.6g}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    trial = rows.assign(engine=str(path), engine_version=None)
-    return float(np.median(long_errors(simulate_rows(trial))["error"]))
+    return float(np.median(row_errors(rows, engine, {parameter: value}, folder)))
+
+
+def fit_joint(rows: pd.DataFrame, engine: str, parameters: tuple[str, ...],
+              step: float = 100.0, iterations: int = 3) -> dict[str, float]:
+    """Constants (>= 0) that zero the error of every measured value of ``rows``, one per
+    value: Newton steps with a finite-difference Jacobian, from zero."""
+    x = np.zeros(len(parameters))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+
+        def errors(at: np.ndarray) -> np.ndarray:
+            return row_errors(rows, engine, dict(zip(parameters, at, strict=True)), folder)
+
+        for _ in range(iterations):
+            e0 = errors(x)
+            if len(e0) != len(parameters):
+                raise ValueError(f"{engine}: {len(parameters)} constants need as many "
+                                 f"measured values, got {len(e0)}")
+            jac = np.column_stack([(errors(x + step * np.eye(len(x))[k]) - e0) / step
+                                   for k in range(len(x))])
+            x = np.maximum(x - np.linalg.solve(jac, e0), 0.0)
+    return dict(zip(parameters, (float(v) for v in x), strict=True))
 
 
 def fit(rows: pd.DataFrame, engine: str, parameter: str, lo: float = 0.0, hi: float = 2000.0,
@@ -67,11 +107,18 @@ def main(argv: list[str] | None = None) -> None:
                         default=Path("scenarios/validation/serving_calibration.csv"))
     args = parser.parse_args(argv)
     df = read_serving(args.csv)
-    for engine, parameter in FITTED.items():
-        rows = df[df["engine"] == engine]
-        if len(rows):
-            value = fit(rows, engine, parameter)
-            print(f"{engine}: {parameter} = {value:.0f} ({len(rows)} calibration rows)")
+    refs = [engine_ref(str(e), v if isinstance(v, str) else None)
+            for e, v in zip(df["engine"], df["engine_version"], strict=True)]
+    for engine, parameters in FITTED.items():
+        rows = df[[r == engine for r in refs]]
+        if not len(rows):
+            continue
+        if len(parameters) == 1:
+            values = {parameters[0]: fit(rows, engine, parameters[0])}
+        else:
+            values = fit_joint(rows, engine, parameters)
+        shown = ", ".join(f"{k} = {v:.0f}" for k, v in values.items())
+        print(f"{engine}: {shown} ({len(rows)} calibration rows)")
 
 
 if __name__ == "__main__":
