@@ -15,7 +15,8 @@ unless ``--enable-mixed-chunk`` is set:
   ``chunked_prefill_size`` is cut to it and becomes the chunked request; admission
   stops there. The chunked request counts against ``max_running_requests`` like a
   running one (it is the first entry of the adder's ``can_run_list``, and admission stops
-  at ``len(can_run_list) >= max_running_requests - running_bs``; SGLang 0.4–0.5). KV is allocated for the tokens computed this step.
+  at ``len(can_run_list) >= max_running_requests - running_bs``; SGLang 0.4–0.5).
+  KV is allocated for the tokens computed this step.
 * **Decode** otherwise: one token for every running request. If their KV does not fit,
   requests are retracted (fewest generated tokens first, longest prompt on ties) until
   it does; they go back to the end of the queue to be recomputed, and
