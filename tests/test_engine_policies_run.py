@@ -71,3 +71,39 @@ def test_a_key_of_another_engines_policy_is_refused_by_name() -> None:
         "policy": "vllm_v1", "capacity_scheduler_policy": "max_utilization"}})
     with pytest.raises(ConfigError, match=r"scheduler\.capacity_scheduler_policy.*trtllm"):
         Simulation(sc)
+
+
+# ----- unset limits: the engine's defaults for the device and entry point --------------
+def _limits(**overrides: object) -> tuple[int | None, int | None]:
+    spec = Simulation(make_scenario(**overrides)).plan.instances[0].scheduler
+    return spec.max_num_seqs, spec.max_num_batched_tokens
+
+
+def test_unset_vllm_limits_follow_its_defaults_by_device_class_and_entry_point() -> None:
+    """vllm/engine/arg_utils.py: >= 70 GiB and not an A100: 1024 sequences, 8192 tokens
+    (API server) or 16384 (LLM class); otherwise 256 and 2048 / 8192."""
+    assert _limits(engine="vllm") == (1024, 8192)
+    assert _limits(**{"engine": "vllm", "cluster.pools.main.device": "H200-SXM"}) == (1024, 8192)
+    assert _limits(**{"engine": "vllm",
+                      "cluster.pools.main.scheduler.entry_point": "offline"}) == (1024, 16384)
+    assert _limits(**{"engine": "vllm",
+                      "cluster.pools.main.device": "A100-SXM-80GB"}) == (256, 2048)
+    assert _limits(**{"engine": "vllm", "cluster.pools.main.device": "A100-SXM-80GB",
+                      "cluster.pools.main.scheduler.entry_point": "offline"}) == (256, 8192)
+
+
+def test_explicit_limits_win_and_a_default_seq_cap_stays_within_the_token_budget() -> None:
+    assert _limits(**{"engine": "vllm", "cluster.pools.main.scheduler.max_num_seqs": 64}) \
+        == (64, 8192)
+    # vLLM: max_num_seqs = min(default, max_num_batched_tokens)
+    assert _limits(**{"engine": "vllm",
+                      "cluster.pools.main.scheduler.max_num_batched_tokens": 512}) == (512, 512)
+    assert _limits(**{"engine": "vllm", "cluster.pools.main.scheduler.max_num_seqs": 2048,
+                      "cluster.pools.main.scheduler.max_num_batched_tokens": 512}) \
+        == (2048, 512)
+
+
+def test_engines_without_device_rules_keep_their_profile_fallback() -> None:
+    for engine in ("trtllm", "sglang", "vllm-0.6"):
+        assert _limits(engine=engine) == (256, 8192)
+

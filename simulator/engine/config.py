@@ -312,12 +312,19 @@ class SchedulerSpec(Spec):
             "Batching policy: `engine` = the serving engine profile's; `vllm_v1`, "
             "`trtllm`, `sglang` follow those engines' schedulers; `continuous` is the "
             "decode-first (chunked) / prefill-first batching of earlier releases."))
-    max_num_seqs: int = Field(256, gt=0, description=(
+    max_num_seqs: int | None = Field(None, gt=0, description=(
         "Most requests running at once (vLLM max_num_seqs, TensorRT-LLM max_batch_size, "
-        "SGLang max_running_requests)."))
-    max_num_batched_tokens: int = Field(8192, gt=0, description=(
+        "SGLang max_running_requests). Unset: the serving engine's default for the device "
+        "and entry point (vLLM: 1024 on GPUs with >= 70 GiB that are not A100s, else 256)."))
+    max_num_batched_tokens: int | None = Field(None, gt=0, description=(
         "Token budget of one step (vLLM max_num_batched_tokens, TensorRT-LLM "
-        "max_num_tokens, SGLang chunked_prefill_size)."))
+        "max_num_tokens, SGLang chunked_prefill_size). Unset: the serving engine's default "
+        "for the device and entry point (vLLM API server: 8192 on GPUs with >= 70 GiB that "
+        "are not A100s, else 2048; offline LLM class: 16384 / 8192)."))
+    entry_point: Literal["api_server", "offline"] = Field("api_server", description=(
+        "How the engine is driven, for its default limits: the OpenAI-compatible API "
+        "server (`vllm serve`) or the offline Python entry point (vLLM's LLM class, "
+        "`vllm bench latency` / `throughput`)."))
     chunked_prefill: bool = Field(True, description=(
         "Split long prompts over steps. Off: a prompt runs whole (vLLM V1 and TensorRT-LLM "
         "stop admitting at one larger than the tokens left; `continuous` runs prefill-first "
@@ -354,6 +361,15 @@ class SchedulerSpec(Spec):
         "KV tiers below HBM, fastest first (`dram`, then `ssd`, then `remote`): blocks the "
         "prefix cache evicts are offloaded to them and loaded back on a prefix hit instead "
         "of recomputed (vLLM's KV offloading connector, LMCache). Needs prefix_caching."))
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        """(max_num_seqs, max_num_batched_tokens) once resolved for the engine and device
+        (simulator.runner.scheduler_defaults); an unresolved spec has none."""
+        if self.max_num_seqs is None or self.max_num_batched_tokens is None:
+            raise ValueError("scheduler limits are resolved by the runner for the engine "
+                             "and device before an instance is built")
+        return self.max_num_seqs, self.max_num_batched_tokens
 
     @model_validator(mode="after")
     def _tiers(self) -> SchedulerSpec:

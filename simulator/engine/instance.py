@@ -105,10 +105,10 @@ class Instance(ServingProcess):
         self.fast_forward = fast_forward and self.pp == 1 and speculative is None
         # vLLM V1 caps the running requests of the whole engine at max_num_seqs, however
         # many micro-batches are in flight; V0's pp virtual engines each had the cap.
-        self.max_running = scheduler.max_num_seqs * (
-            self.pp if max_num_seqs_per == "virtual_engine" else 1)
-        self._limits = EngineLimits(scheduler.max_num_seqs, scheduler.max_num_batched_tokens,
-                                    self.max_running, lookahead, role != "prefill")
+        max_seqs, max_tokens = scheduler.limits
+        self.max_running = max_seqs * (self.pp if max_num_seqs_per == "virtual_engine" else 1)
+        self._limits = EngineLimits(max_seqs, max_tokens, self.max_running, lookahead,
+                                    role != "prefill")
         self.kv_capacity_tokens = kv_blocks * block_size
         self._waiting: deque[Request] = deque()
         # vLLM --scheduling-policy priority: the policy orders the queue by (class

@@ -63,13 +63,68 @@ SchedulerPolicy = Literal["vllm_v1", "trtllm", "sglang", "continuous"]
 ``continuous``, the decode-first / prefill-first batching the simulator ran before."""
 
 
+EntryPoint = Literal["api_server", "offline"]
+"""How the engine is driven: its OpenAI-compatible API server (``vllm serve``, the
+closed-loop and Poisson benchmarks) or the offline Python entry point (vLLM's ``LLM``
+class: ``vllm bench latency`` / ``throughput``)."""
+
+
+class BatchDefault(BaseModel):
+    """One row of an engine's default batch limits by device class and entry point."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    entry_point: EntryPoint = Field(description="The entry point the row applies to.")
+    min_memory_gib: float = Field(0.0, ge=0, description=(
+        "Devices with at least this much runtime-visible memory (the device profile's "
+        "memory_capacity_gib) match."))
+    exclude_names: list[str] = Field(default_factory=list, description=(
+        "Devices whose profile name contains one of these (case-insensitive) do not match."))
+    max_num_seqs: int = Field(gt=0, description="Default max_num_seqs on a matching device.")
+    max_num_batched_tokens: int = Field(gt=0, description=(
+        "Default max_num_batched_tokens on a matching device."))
+
+    def matches(self, device: str, memory_gib: float, entry_point: EntryPoint) -> bool:
+        name = device.lower()
+        return (entry_point == self.entry_point and memory_gib >= self.min_memory_gib
+                and not any(x.lower() in name for x in self.exclude_names))
+
+
 class EngineScheduler(BaseModel):
-    """How an engine batches."""
+    """How an engine batches, and the batch limits a scenario gets when it sets none."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     policy: SchedulerPolicy = Field("continuous", description=(
         "The batching policy a scenario gets unless its scheduler section picks another."))
+    defaults: list[BatchDefault] = Field(default_factory=list, description=(
+        "Default limits by device class and entry point; the first matching row wins."))
+    max_num_seqs: int = Field(256, gt=0, description="Default where no row matches.")
+    max_num_batched_tokens: int = Field(8192, gt=0, description=(
+        "Default where no row matches."))
+    seqs_within_tokens: bool = Field(False, description=(
+        "A default max_num_seqs is capped at max_num_batched_tokens (vLLM: "
+        "min(default, max_num_batched_tokens))."))
+    defaults_per_rank: bool = Field(False, description=(
+        "Defaults hold per data-parallel attention rank (vLLM: every DP rank is an engine "
+        "core with its own limits), so an instance of dp ranks gets dp x the default."))
+
+    def limits(self, device: str, memory_gib: float, entry_point: EntryPoint,
+               max_num_seqs: int | None, max_num_batched_tokens: int | None,
+               ranks: int = 1) -> tuple[int, int]:
+        """(max_num_seqs, max_num_batched_tokens) of an instance: the given values, or
+        the engine's defaults for the device and entry point where they are None."""
+        row = next((r for r in self.defaults if r.matches(device, memory_gib, entry_point)),
+                   None)
+        seqs = row.max_num_seqs if row else self.max_num_seqs
+        tokens = row.max_num_batched_tokens if row else self.max_num_batched_tokens
+        scale = ranks if self.defaults_per_rank else 1
+        tokens = max_num_batched_tokens if max_num_batched_tokens is not None \
+            else tokens * scale
+        if max_num_seqs is not None:
+            return max_num_seqs, tokens
+        seqs *= scale
+        return (min(seqs, tokens) if self.seqs_within_tokens else seqs), tokens
 
 
 class ServingEngineProfile(BaseModel):

@@ -86,7 +86,8 @@ def arrival_rate(a: object) -> float | None:
     return None
 
 
-def estimate_run(scenario: Scenario, instances_by_pool: dict[str, int]) -> Estimate:
+def estimate_run(scenario: Scenario, instances_by_pool: dict[str, int],
+                 max_num_seqs: int | None = None) -> Estimate:
     """Lower bounds of a run's records and periodic events (see the module docstring)."""
     w = scenario.workload
     rate = _rate(scenario)
@@ -101,7 +102,10 @@ def estimate_run(scenario: Scenario, instances_by_pool: dict[str, int]) -> Estim
     est = Estimate(n, horizon)
     instances = sum(instances_by_pool.values())
     if n is not None and not w.is_trace:
-        seqs = max(p.scheduler.max_num_seqs for p in scenario.cluster.pools)
+        # The largest running cap as the build resolved it; without one, the pools' own
+        # (an unset limit counts as one sequence: more steps, a safer estimate).
+        seqs = max_num_seqs or max(p.scheduler.max_num_seqs or 1
+                                   for p in scenario.cluster.pools)
         output = sum(mean_tokens(src.output_tokens) for src in w.sources) / len(w.sources)
         steps = n * output / max(1, seqs)
         est.parts["requests"] = (n * BYTES_PER_REQUEST, FEWER_REQUESTS)

@@ -52,7 +52,7 @@ def capacity(spec: PlanSpec, family: Family) -> tuple[list[float], str | None]:
 def _pool_capacity(spec: PlanSpec, role: str, pool: Any, prompt: float,
                    output: float) -> float | str:
     """Requests/s one instance of ``pool`` (a ``PoolPlan``) serves, or why it cannot."""
-    sched, slo = spec.scheduler, spec.slo
+    sched, slo = pool.spec.scheduler, spec.slo  # the limits as the build resolved them
     cost = pool.cost_models[0]
     pipelined = pool.parallelism.pp > 1  # throughput follows the slowest stage
 

@@ -187,8 +187,9 @@ def _parallelism(shape: Shape) -> dict[str, int]:
 def _scheduler(spec: PlanSpec, shape: Shape) -> dict[str, Any]:
     out = spec.scheduler.model_dump(mode="json")
     if shape.dp > 1:  # the instance's limits: one rank's, times the ranks
-        out["max_num_seqs"] *= shape.dp
-        out["max_num_batched_tokens"] *= shape.dp
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if out[name] is not None:  # unset: the engine's default, resolved per device
+                out[name] *= shape.dp
     return out
 
 

@@ -110,7 +110,7 @@ def plan_for(model: ModelConfig, r: ResolvedPool, par: Parallelism) -> MemoryPla
                               **moe_cost_kwargs(r.pool, model, r.device, par, None, 1.0))
     plan = plan_memory(
         model, r.device, par, r.precisions, memory_utilization=r.util, block_size=r.block,
-        max_batched_tokens=sched.max_num_batched_tokens, max_seqs=sched.max_num_seqs,
+        max_batched_tokens=sched.limits[1], max_seqs=sched.limits[0],
         runtime_reserve_gib=r.engine.runtime_reserve_gib + r.engine.cuda_graph_reserve_gib,
         kv_elements_per_token_per_layer_device=probe.kv_elements_per_token_per_layer_device(),
         redundant_experts=redundant_experts(r.pool),
@@ -176,7 +176,8 @@ def resolve_pools(scenario: Scenario, model: ModelConfig, base_engine: ServingEn
             except ConfigError as exc:
                 raise keyed(exc, file, f"{key}.engine") from None
         pool = given.model_copy(update={
-            "scheduler": resolve_scheduler(given.scheduler, engine, file, key)})
+            "scheduler": resolve_scheduler(given.scheduler, engine, file, key, dev,
+                                           ranks=given.parallelism.dp)})
         prec = resolve_precisions(model, pool.precision, scenario.precision)
         precisions = Precisions(prec["weights"], prec["activations"], prec["kv_cache"])
         ps = pool.parallelism

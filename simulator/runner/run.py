@@ -77,7 +77,8 @@ class Simulation:
         self.plan: ClusterPlan = build_plan(scenario, base_dir, file)
         check_context(scenario, self.plan.model, file)
         pools = {p.spec.name: p.spec.max_instances for p in self.plan.pools}
-        check_budget(estimate_run(scenario, pools), file)
+        seqs = max(int(p.spec.scheduler.max_num_seqs or 1) for p in self.plan.pools)
+        check_budget(estimate_run(scenario, pools, seqs), file)
 
     def run(self) -> RunResult:
         sc = self.scenario

@@ -83,7 +83,10 @@ def row_scenario(row: dict[Any, Any], file: str | None = None,
     requests = _int(row, "num_requests", 1000)
     if max_requests is not None:
         requests = min(requests, max_requests)
-    scheduler: dict[str, Any] = {}
+    # Offline rows ran the engine's Python entry point (vllm bench latency / throughput,
+    # trtllm-bench), which has its own default limits.
+    scheduler: dict[str, Any] = {
+        "entry_point": "offline" if row["arrival"] == "all_at_once" else "api_server"}
     for col in ("max_num_seqs", "max_num_batched_tokens"):
         if _num(row, col) is not None:
             scheduler[col] = _int(row, col, 0)
