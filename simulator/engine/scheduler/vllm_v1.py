@@ -26,9 +26,11 @@ On a prefill instance, prefilled requests whose KV waits to be sent have left
 ``running`` (their blocks are freed when the connector reports the send), so they do
 not count toward ``max_num_seqs``.
 
-Defaults by device class (``vllm/engine/arg_utils.py``, ``get_batch_defaults``, OpenAI
-API server): 1024 sequences and 8192 tokens on GPUs with at least 70 GiB that are not
-A100s; 256 and 2048 otherwise (see the ``vllm`` engine profile).
+Defaults by device class (``vllm/engine/arg_utils.py``, ``get_batch_defaults``): 1024
+sequences and 8192 tokens (OpenAI API server) or 16384 (``LLM`` class) on GPUs with at
+least 70 GiB that are not A100s; 256 and 2048 / 8192 otherwise. A scenario that leaves
+its limits unset gets them (``simulator/runner/scheduler_defaults.py``, rules in the
+``vllm`` engine profile).
 """
 
 from __future__ import annotations
