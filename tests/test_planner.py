@@ -233,3 +233,25 @@ def test_too_few_requests_for_steady_state_warn() -> None:
     assert warnings(0.5) == []  # 10 in flight: 10 %
     longer = small(workload={**SMALL["workload"], "num_requests": 400})
     assert warnings(2.0, longer) == []
+
+
+# ----- unset scheduler limits: resolved per candidate device --------------------------
+def test_unset_limits_stay_unset_in_a_candidate_and_resolve_per_device_and_rank() -> None:
+    from simulator.engine.config import SchedulerSpec
+    from simulator.hardware.engines import load_engine
+    from simulator.hardware.registry import load_device
+    from simulator.runner.plan_spec import PlanSpec, Shape, _scheduler
+    from simulator.runner.scheduler_defaults import resolve_scheduler
+
+    spec = PlanSpec.model_validate(yaml.safe_load(
+        (REPO / "scenarios/plans/llama8b_chat.yaml").read_text()))
+    dumped = _scheduler(spec, Shape("H100-SXM", 1, 1, dp=4))
+    assert dumped["max_num_seqs"] is None  # the engine's default, per rank, at build
+    assert dumped["max_num_batched_tokens"] is None
+    explicit = spec.model_copy(update={"scheduler": SchedulerSpec(max_num_seqs=64)})
+    assert _scheduler(explicit, Shape("H100-SXM", 1, 1, dp=4))["max_num_seqs"] == 256
+    vllm = load_engine("vllm")
+    for device, ranks, want in (("H100-SXM", 1, (1024, 8192)), ("H100-SXM", 4, (4096, 32768)),
+                                ("A100-SXM-80GB", 1, (256, 2048))):
+        got = resolve_scheduler(SchedulerSpec(), vllm, None, "k", load_device(device), ranks)
+        assert got.limits == want
