@@ -21,9 +21,10 @@ its end).
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Callable
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
 from functools import wraps
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -31,10 +32,11 @@ import numpy as np
 from simulator.engine.request import State
 
 if TYPE_CHECKING:
-    from simulator.cost.step import DecodeSeries, InstanceCostModel
+    from simulator.cost.step import DecodeSeries
     from simulator.engine.kv import BlockManager
     from simulator.engine.recorder import Recorder
     from simulator.engine.request import Request
+    from simulator.engine.step_prices import StepPrices
 
 MIN_JUMP = 3
 """Shortest stretch worth a jump (shorter ones run step by step)."""
@@ -69,14 +71,21 @@ def mutates(fn: F) -> F:
 
 
 class Jump:
-    """The state of one jump: its steps, and the KV booked so far."""
+    """The state of one jump: its steps, and the KV booked so far.
 
-    __slots__ = ("booked", "bounds", "ctx", "cut_at", "decodes", "ends", "extra", "held",
-                 "k", "last_sync", "pinned", "queue_len", "running", "seconds", "series",
-                 "start", "used")
+    The batch's per-sequence state (context, blocks held and pinned) is read from the
+    request objects once, when the jump is planned, as plain lists; everything else (step
+    ends, KV booked per step, the step rows) is derived from those lists and the priced
+    series with plain Python arithmetic, which is cheaper than numpy for the few sequences
+    and steps of a typical jump (measured: benchmarks/README.md).
+    """
+
+    __slots__ = ("booked", "bounds", "ctx", "ctx_sum", "cut_at", "decodes", "ends", "extra",
+                 "held", "k", "last_sync", "pinned", "queue_len", "running", "seconds",
+                 "series", "start", "used")
 
     def __init__(self, decodes: list[Request], start: float, series: DecodeSeries,
-                 ctx: np.ndarray, held: np.ndarray, pinned: np.ndarray, extra: np.ndarray,
+                 ctx: list[int], held: list[int], pinned: list[int], extra: list[int],
                  kv_used: int, queue_len: int, running: int) -> None:
         self.decodes = decodes
         self.start = start
@@ -84,10 +93,11 @@ class Jump:
         self.seconds = series.seconds
         self.bounds = series.bound
         self.k = len(series.seconds)
-        self.ends: list[float] = np.cumsum(
-            np.concatenate(([start], series.seconds)))[1:].tolist()
+        # Sequential sums, as numpy's cumsum adds (bit for bit).
+        self.ends: list[float] = list(accumulate(series.seconds.tolist(), initial=start))[1:]
         self.ctx, self.held, self.pinned = ctx, held, pinned
-        self.extra: list[int] = extra.tolist()  # cumulative extra KV blocks before step j
+        self.ctx_sum = sum(ctx)
+        self.extra = extra  # cumulative extra KV blocks before step j
         self.booked = 1  # steps whose KV is booked (step 0's came with the batch)
         self.used = [kv_used]  # KV used after booking step j
         self.queue_len, self.running = queue_len, running  # at the jump's start
@@ -111,7 +121,7 @@ class Jump:
         if kv.used + total <= kv.total:  # free blocks suffice: no cache entry is evicted
             base = kv.used - extra[lo - 1]
             kv.allocate(total)
-            self.used.extend(base + e for e in extra[lo: j + 1])
+            self.used.extend([base + e for e in extra[lo: j + 1]])
         else:
             for i in range(lo, j + 1):
                 kv.allocate(extra[i] - extra[i - 1])
@@ -136,27 +146,26 @@ class Jump:
 
     def steps_done_at_cut(self, now: float) -> int:
         """Steps that run when cut at ``now``: those ended, plus the one running."""
-        return min(int(np.searchsorted(self.ends, now, side="left")) + 1, self.k)
+        return min(bisect_left(self.ends, now) + 1, self.k)
 
     def steps_ended_by(self, now: float) -> int:
-        return int(np.searchsorted(self.ends, now, side="right"))
+        return bisect_right(self.ends, now)
 
     def row_values(self, done: int, kv_used: int, queue_len: int,
-                   running: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   running: int) -> tuple[list[int], list[int], list[int]]:
         """KV used, queue length and running count of each of the first ``done`` steps.
 
-        Steps that ended before the first outside write record the jump's own state; a
-        step still running at that write records the state at its end (the arguments).
+        Steps that ended before the first outside write record the jump's own state; the
+        steps ending at or after it (the one running at that write) record the state at
+        its end (the arguments).
         """
-        used = np.asarray(self.used[:done], dtype=np.int64)
-        queue = np.full(done, self.queue_len, dtype=np.int64)
-        run = np.full(done, self.running, dtype=np.int64)
-        if self.cut_at is not None:
-            late = np.asarray(self.ends[:done]) >= self.cut_at
-            used[late] = kv_used
-            queue[late] = queue_len
-            run[late] = running
-        return used, queue, run
+        used = self.used[:done]
+        late = done if self.cut_at is None else bisect_left(self.ends, self.cut_at, 0, done)
+        rest = done - late
+        if rest:
+            used[late:] = [kv_used] * rest
+        return (used, [self.queue_len] * late + [queue_len] * rest,
+                [self.running] * late + [running] * rest)
 
     # ----- booking the result --------------------------------------------------------
     def apply(self, done: int, kv: BlockManager, recorder: Recorder, index: int,
@@ -166,19 +175,18 @@ class Jump:
         self.settle(kv, done)
         decodes, start, ends = self.decodes, self.start, self.ends
         n = len(decodes)
-        starts = np.asarray([start, *ends[: done - 1]])
         used, queue, run = self.row_values(done, kv.used, queue_len, running)
         series = self.series
         recorder.steps_bulk(
-            index, starts, self.seconds[:done], n, int(self.ctx.sum()) + n * np.arange(done),
-            used, kv.total, queue, run, self.bounds[:done],
-            series.compute_s[:done], series.memory_s[:done],
+            index, [start, *ends[: done - 1]], self.seconds[:done], n,
+            list(range(self.ctx_sum, self.ctx_sum + n * done, n)), used, kv.total, queue,
+            run, self.bounds[:done], series.compute_s[:done], series.memory_s[:done],
         )
-        bs = kv.block_size
-        blocks = (np.maximum(self.held, -(-(self.ctx + done - 1) // bs)) - self.pinned).tolist()
+        bs, last = kv.block_size, done - 1
         finished = []
-        for r, b in zip(decodes, blocks, strict=True):
-            r.blocks = b
+        for r, c, h, p in zip(decodes, self.ctx, self.held, self.pinned, strict=True):
+            need = -(-(c + last) // bs)
+            r.blocks = (h if h > need else need) - p
             if r.status is State.CANCELLED:
                 continue  # its tokens were booked when its client gave up (book_cancelled)
             book_tokens(r, start, ends, done)
@@ -190,8 +198,7 @@ class Jump:
         """``req``'s client gave up at ``now``: it received the tokens of the steps that
         ended before (a step ending at ``now`` ends after the client's timer, which was
         set first); its KV stays booked with the others' until the jump is applied."""
-        book_tokens(req, self.start, self.ends,
-                    int(np.searchsorted(self.ends, now, side="left")))
+        book_tokens(req, self.start, self.ends, bisect_left(self.ends, now))
 
 
 def book_tokens(r: Request, start: float, ends: list[float], n: int) -> None:
@@ -209,52 +216,75 @@ def book_tokens(r: Request, start: float, ends: list[float], n: int) -> None:
 
 
 SMALL_GROWTH = 4096
-"""Up to this many (step, sequence) pairs, :func:`growth_blocks` counts per pair."""
+"""Up to this many (step, sequence) pairs, :func:`growth_blocks` counts in plain Python;
+above, in numpy (fewer interpreted operations for large batches and long stretches)."""
 
 
-def growth_blocks(ctx: np.ndarray, held: np.ndarray, block_size: int,
-                  steps: int) -> np.ndarray:
+def growth_blocks(ctx: Sequence[int], held: Sequence[int], block_size: int,
+                  steps: int) -> list[int]:
     """Extra KV blocks the batch holds before each of ``steps`` steps, beyond ``held``.
 
     Step j (0-based) needs ceil((ctx + j) / bs) blocks per sequence before it runs. A
-    sequence holding h blocks first needs one more at step f = h*bs - ctx + 1 and then
-    every bs steps, so the total is a running count of those crossings: O(n*steps/bs)
-    work instead of an n x steps matrix.
+    sequence holding h >= ceil(ctx / bs) blocks first needs one more at step
+    f = h*bs - ctx + 1 and then every bs steps; one already short of blocks needs its
+    shortfall from step 0 and one more at each later block crossing. The total is a
+    running count of those crossings: O(n*steps/bs) work instead of an n x steps matrix.
     """
     bs = block_size
+    if steps * len(ctx) > SMALL_GROWTH:
+        return _growth_blocks_np(np.asarray(ctx, dtype=np.int64),
+                                 np.asarray(held, dtype=np.int64), bs, steps)
+    at = [0] * steps  # new blocks needed at step j
+    for c, h in zip(ctx, held, strict=True):
+        first = h * bs - c + 1
+        if first < 1:  # already short: its shortfall now, then at each crossing
+            at[0] += -(-c // bs) - h
+            first = (1 - c) % bs or bs
+        for j in range(first, steps, bs):
+            at[j] += 1
+    return list(accumulate(at))
+
+
+def _growth_blocks_np(ctx: np.ndarray, held: np.ndarray, bs: int, steps: int) -> list[int]:
+    """:func:`growth_blocks` of a large batch or long stretch, the crossings in numpy."""
     first = held * bs - ctx + 1
-    # Small batches and short stretches (most jumps): the matrix is fewer numpy calls; and
-    # a sequence already short of blocks is counted directly.
-    if steps * len(ctx) <= SMALL_GROWTH or first.min() < 1:
-        j = np.arange(steps, dtype=np.int64)
-        need = -(-(ctx[None, :] + j[:, None]) // bs) - held[None, :]
-        return np.maximum(need, 0).sum(axis=1)
+    short = first < 1
+    base = int((-(-ctx[short] // bs) - held[short]).sum())
+    first = np.where(short, (1 - ctx) % bs, first)
+    first = np.where(first == 0, bs, first)
     first = first[first < steps]
     counts = (steps - 1 - first) // bs + 1  # crossings of each sequence before ``steps``
     offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
         np.cumsum(counts) - counts, counts)
-    at = np.repeat(first, counts) + offsets * bs
-    return np.cumsum(np.bincount(at, minlength=steps))[:steps].astype(np.int64)
+    at = np.bincount(np.repeat(first, counts) + offsets * bs, minlength=steps)[:steps]
+    at[0] += base
+    return np.cumsum(at).tolist()
 
 
-def plan_jump(decodes: list[Request], kv: BlockManager, cost: InstanceCostModel,
-              pinned_blocks: Callable[[Request], int], start: float, queue_len: int,
+def plan_jump(decodes: list[Request], kv: BlockManager, prices: StepPrices,
+              pinned_blocks: Callable[[Request], int] | None, start: float, queue_len: int,
               running: int) -> Jump | None:
-    """The steps this decode-only batch can run unchanged, or None if too few."""
+    """The steps this decode-only batch can run unchanged, or None if too few.
+
+    ``pinned_blocks`` gives the leading blocks of a request the prefix cache owns (None:
+    no prefix cache, nothing pinned).
+    """
     remaining = min([r.output_tokens - r.generated for r in decodes])
     if remaining < MIN_JUMP:
         return None
     n = len(decodes)
-    ctx = np.array([r.prompt_tokens + r.generated for r in decodes], dtype=np.int64)
-    pinned = np.array([pinned_blocks(r) for r in decodes], dtype=np.int64)
-    held = np.array([r.blocks for r in decodes], dtype=np.int64) + pinned
+    ctx = [r.prompt_tokens + r.generated for r in decodes]
+    if pinned_blocks is None:
+        pinned = [0] * n
+        held = [r.blocks for r in decodes]
+    else:
+        pinned = [pinned_blocks(r) for r in decodes]
+        held = [r.blocks + p for r, p in zip(decodes, pinned, strict=True)]
     extra = growth_blocks(ctx, held, kv.block_size, remaining)
-    steps = np.arange(remaining, dtype=np.int64)
-    fits = extra <= kv.available
-    k = int(remaining if fits[-1] else np.argmin(fits))
+    # ``extra`` never decreases: the steps that fit are those up to the first that does not.
+    k = remaining if extra[-1] <= kv.available else bisect_right(extra, kv.available)
     if k < MIN_JUMP:
         return None
-    ctx_sums = int(ctx.sum()) + n * steps[:k]
-    series = cost.decode_series(n, ctx_sums)
+    series = prices.series(n, sum(ctx), k)
     return Jump(decodes, start, series, ctx, held, pinned, extra[:k], kv.used, queue_len,
                 running)

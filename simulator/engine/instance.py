@@ -37,6 +37,7 @@ from simulator.engine.prefix_cache import Below, PrefixCache
 from simulator.engine.process import Batch, ServingProcess
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler import EngineLimits, make_scheduler
+from simulator.engine.step_prices import StepPrices
 from simulator.engine.swap import HostSwap
 from simulator.engine.tier_io import TierIO
 
@@ -78,6 +79,7 @@ class Instance(ServingProcess):
         self.pool = pool
         self.role = role
         self.cost = cost
+        self._prices = StepPrices(cost)  # step and decode-stretch prices, kept
         cache = None
         if scheduler.prefix_caching:
             cache = PrefixCache(prefix_block_tokens, block_size)

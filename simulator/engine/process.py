@@ -38,6 +38,7 @@ from simulator.engine.scheduler import EngineLimits, Scheduler, SchedulerView
 
 if TYPE_CHECKING:
     from simulator.engine.recorder import Recorder
+    from simulator.engine.step_prices import StepPrices
     from simulator.engine.swap import HostSwap
 
 
@@ -72,6 +73,7 @@ class ServingProcess:
     on_load_change: Callable[[Any], None] | None
     process: simpy.Process
     _kv: KVManager
+    _prices: StepPrices
     _life: Lifecycle
     _pipe: Pipeline
     _limits: EngineLimits
@@ -140,9 +142,10 @@ class ServingProcess:
             speed = self._life.speed
             if (self.fast_forward and not batch.chunks and speed == 1.0 and batch.stable
                     and len(batch.decodes) == len(self._running) and not self._swap_due()):
-                jump = plan_jump(batch.decodes, self._kv.blocks, self.cost,
-                                 self._kv.pinned_blocks, env.now, len(self._waiting),
-                                 len(self._running))
+                kv = self._kv
+                jump = plan_jump(batch.decodes, kv.blocks, self._prices,
+                                 kv.pinned_blocks if kv.cache is not None else None, env.now,
+                                 len(self._waiting), len(self._running))
                 if jump is not None:
                     yield from self._jump_over(jump)
                     continue
@@ -154,7 +157,7 @@ class ServingProcess:
                 drawn = self._accept.sample(self._accept_rng, len(batch.decodes))
                 batch.tokens = [min(int(n), r.output_tokens - r.generated)
                                 for n, r in zip(drawn, batch.decodes, strict=True)]
-            step = self.cost.step(shape)
+            step = self._prices.step(shape)
             start = env.now
             if self.pp == 1:
                 seconds = step.seconds * speed
@@ -295,8 +298,8 @@ class ServingProcess:
                 if req.prefill_start_s != req.prefill_start_s:  # first admission: the hit
                     req.cached_tokens = tokens
                     if tokens:
-                        full = self.cost.step(BatchShape.prefill(req.prompt_tokens)).seconds
-                        rest = self.cost.step(BatchShape.prefill(req.prompt_tokens, tokens))
+                        full = self._prices.step(BatchShape.prefill(req.prompt_tokens)).seconds
+                        rest = self._prices.step(BatchShape.prefill(req.prompt_tokens, tokens))
                         req.prefill_saved_s = full - rest.seconds
                 req.prefilled = tokens
             if self._waiting[0] is req:

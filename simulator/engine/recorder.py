@@ -12,12 +12,16 @@ computed from it is identical.
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
 
 from simulator.engine.request import Request
+
+Column: TypeAlias = "np.ndarray | Sequence[Any]"
+"""Per-step values: a numpy array or a list."""
 
 # Compact column types: 4-byte counters, 8-byte times (a million-request run has tens of
 # millions of steps, so every byte per row counts).
@@ -124,63 +128,68 @@ class Recorder:
         s["memory_s"].append(memory_s)
         s["decode_tokens"].append(decode_seqs if decode_tokens is None else decode_tokens)
 
-    def steps_bulk(self, instance: int, starts: np.ndarray, durations: np.ndarray,
-                   decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
-                   kv_total: int, queue_len: np.ndarray, running: np.ndarray, bounds: np.ndarray,
-                   compute_s: np.ndarray, memory_s: np.ndarray) -> None:
-        """Rows of ``len(starts)`` consecutive decode-only steps (a fast-forward jump)."""
+    def steps_bulk(self, instance: int, starts: Sequence[float], durations: Column,
+                   decode_seqs: int, decode_ctx: Sequence[int], kv_used: Sequence[int],
+                   kv_total: int, queue_len: Sequence[int], running: Sequence[int],
+                   bounds: Column, compute_s: Column, memory_s: Column) -> None:
+        """Rows of ``len(starts)`` consecutive decode-only steps (a fast-forward jump).
+
+        The per-step values come as lists or numpy arrays (the priced series)."""
         n = len(starts)
         if self.record_steps != "all" and n:
             self._stretch(instance, starts, durations, decode_seqs, decode_ctx, kv_used,
                           kv_total, queue_len, running, bounds, compute_s, memory_s)
             return
         s = self.steps
+        seconds = _values(durations)
         s["instance"].extend([instance] * n)
-        s["start_s"].extend(starts.tolist())
-        s["duration_s"].extend(durations.tolist())
-        s["busy_s"].extend(durations.tolist())  # one stage: the device is busy all step
+        s["start_s"].extend(starts)
+        s["duration_s"].extend(seconds)
+        s["busy_s"].extend(seconds)  # one stage: the device is busy all step
         s["prefill_tokens"].extend([0] * n)
         s["prefill_seqs"].extend([0] * n)
         s["decode_seqs"].extend([decode_seqs] * n)
-        s["decode_ctx_tokens"].extend(np.asarray(decode_ctx, dtype=np.int64).tolist())
-        s["kv_used_blocks"].extend(np.asarray(kv_used, dtype=np.int64).tolist())
+        s["decode_ctx_tokens"].extend(decode_ctx)
+        s["kv_used_blocks"].extend(kv_used)
         s["kv_total_blocks"].extend([kv_total] * n)
-        s["queue_len"].extend(np.asarray(queue_len, dtype=np.int64).tolist())
-        s["running"].extend(np.asarray(running, dtype=np.int64).tolist())
-        s["bound"].extend(np.asarray(bounds, dtype=np.int8).tolist())
-        s["compute_s"].extend(np.asarray(compute_s, dtype=float).tolist())
-        s["memory_s"].extend(np.asarray(memory_s, dtype=float).tolist())
+        s["queue_len"].extend(queue_len)
+        s["running"].extend(running)
+        s["bound"].extend(_values(bounds))
+        s["compute_s"].extend(_values(compute_s))
+        s["memory_s"].extend(_values(memory_s))
         s["decode_tokens"].extend([decode_seqs] * n)
 
-    def _stretch(self, instance: int, starts: np.ndarray, durations: np.ndarray,
-                 decode_seqs: int, decode_ctx: np.ndarray, kv_used: np.ndarray,
-                 kv_total: int, queue_len: np.ndarray, running: np.ndarray,
-                 bounds: np.ndarray, compute_s: np.ndarray, memory_s: np.ndarray) -> None:
+    def _stretch(self, instance: int, starts: Sequence[float], durations: Column,
+                 decode_seqs: int, decode_ctx: Sequence[int], kv_used: Sequence[int],
+                 kv_total: int, queue_len: Sequence[int], running: Sequence[int],
+                 bounds: Column, compute_s: Column, memory_s: Column) -> None:
         """One stretch row; only the last step's queue and batch may differ (a cut)."""
         n = len(starts)
-        ctx = np.asarray(decode_ctx, dtype=np.int64)
-        queue = np.asarray(queue_len, dtype=np.int64)
-        run = np.asarray(running, dtype=np.int64)
-        if n > 1 and ((queue[:-1] != queue[0]).any() or (run[:-1] != run[0]).any()
-                      or (np.diff(ctx) != decode_seqs).any()):
+        q0, r0, c0 = queue_len[0], running[0], decode_ctx[0]
+        if n > 1 and (any(q != q0 for q in queue_len[:-1])
+                      or any(r != r0 for r in running[:-1])
+                      or any(decode_ctx[j] != c0 + decode_seqs * j for j in range(n))):
             raise ValueError("a stretch's steps must share queue, batch and context growth")
         t = self.stretches
         t["instance"].append(instance)
         t["steps"].append(n)
         t["decode_seqs"].append(decode_seqs)
-        t["decode_ctx_start"].append(int(ctx[0]))
+        t["decode_ctx_start"].append(int(c0))
         t["kv_total_blocks"].append(kv_total)
-        t["queue_len"].append(int(queue[0]))
-        t["running"].append(int(run[0]))
-        t["queue_len_last"].append(int(queue[-1]))
-        t["running_last"].append(int(run[-1]))
+        t["queue_len"].append(int(q0))
+        t["running"].append(int(r0))
+        t["queue_len_last"].append(int(queue_len[-1]))
+        t["running_last"].append(int(running[-1]))
         t["row_at"].append(len(self.steps["instance"]))
         p = self.stretch_steps
         for name, values in (("start_s", starts), ("duration_s", durations),
                              ("compute_s", compute_s), ("memory_s", memory_s),
                              ("bound", bounds), ("kv_used_blocks", kv_used)):
             col = p[name]
-            col.frombytes(np.ascontiguousarray(values, dtype=col.typecode).tobytes())
+            if isinstance(values, np.ndarray):
+                col.frombytes(np.ascontiguousarray(values, dtype=col.typecode).tobytes())
+            else:
+                col.extend(values)
 
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
@@ -337,6 +346,11 @@ class Recorder:
         df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
         df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []
         return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+def _values(values: Column) -> Sequence[Any]:
+    """Plain Python numbers of a column (what ``array.extend`` takes fastest)."""
+    return values.tolist() if isinstance(values, np.ndarray) else values
 
 
 def _column(values: array[Any]) -> np.ndarray:

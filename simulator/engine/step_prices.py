@@ -1,0 +1,126 @@
+"""Step prices kept between steps: one instance's step times, by batch shape, and its
+decode-stretch times by batch size and context sum, priced a block of consecutive
+context sums at a time.
+
+**Steps.** The roofline cost model (:class:`~simulator.cost.step.InstanceCostModel`) is a
+pure function of the batch shape, and shapes repeat: a disaggregated prefill instance
+mostly runs one prompt per step, and prompt lengths recur. Its prices are kept by shape
+(least recently used dropped beyond ``MAX_STEPS``).
+
+**Decode stretches.**
+A decode step's price depends on the batch only through its size ``n`` and context sum
+``S`` (:class:`~simulator.cost.batch.BatchShape`), and a stretch of ``k`` steps asks for
+``S0, S0 + n, ..., S0 + n*(k-1)``. The roofline cost model prices such a series
+elementwise (:meth:`~simulator.cost.step.InstanceCostModel.decode_series`: every
+operation is per element, so a value does not depend on the array it is priced in), and
+one call costs about the same for 12 elements as for a few hundred: the numpy calls, not
+the elements, are the cost. So the prices of ``BLOCK`` consecutive context sums are asked
+for once, kept, and later stretches of the same batch size read their steps from them
+(strided slices). A stretch spanning many blocks (large batch, long stretch) is priced
+directly. Other predictors are always asked directly: the measured-kernel-table
+predictor keeps count of what it priced (its provenance), and data-parallel attention and
+two-batch overlap price a series step by step (a block would cost a step call per
+element).
+
+The prices are those of a direct call bit for bit (``tests/test_step_prices.py``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from simulator.cost.batch import BatchShape
+from simulator.cost.step import DecodeSeries, InstanceCostModel, StepCost
+from simulator.engine.recorder import STEP_COLUMNS
+
+_RECORDED = dict(STEP_COLUMNS)
+_BOUND, _COMPUTE, _MEMORY = (np.dtype(_RECORDED[c]) for c in ("bound", "compute_s", "memory_s"))
+
+BLOCK = 512
+"""Consecutive context sums priced in one call."""
+MAX_SPAN = 3
+"""A stretch whose context sums span more blocks than this is priced directly."""
+MAX_STEPS = 8192
+"""Step prices kept per instance (about 2 MB)."""
+MAX_BLOCKS = 1024
+"""Blocks kept per instance (at most about 9 MB), least recently used dropped first."""
+
+
+def pure(cost: Any) -> bool:
+    """Whether ``cost`` is the roofline model, whose prices depend on the shape alone."""
+    return type(cost) is InstanceCostModel
+
+
+def prices_elementwise(cost: Any) -> bool:
+    """Whether ``cost`` prices a decode series in one vectorised roofline call."""
+    return (pure(cost) and cost.parallelism.pp == 1 and cost.parallelism.dp == 1
+            and not cost.two_batch_overlap)
+
+
+class StepPrices:
+    """The step and decode-series prices of one instance's cost model."""
+
+    __slots__ = ("_blocks", "_steps", "cost", "kept", "tabled")
+
+    def __init__(self, cost: Any) -> None:
+        self.cost = cost
+        self.kept = pure(cost)
+        self.tabled = prices_elementwise(cost)
+        self._steps: OrderedDict[BatchShape, StepCost] = OrderedDict()
+        self._blocks: OrderedDict[tuple[int, int], DecodeSeries] = OrderedDict()
+
+    def step(self, shape: BatchShape) -> StepCost:
+        """The price of one step of ``shape`` (``cost.step``)."""
+        if not self.kept:
+            return self.cost.step(shape)  # type: ignore[no-any-return]
+        steps = self._steps
+        price = steps.get(shape)
+        if price is not None:
+            steps.move_to_end(shape)
+            return price
+        price = steps[shape] = self.cost.step(shape)
+        if len(steps) > MAX_STEPS:
+            steps.popitem(last=False)
+        return price
+
+    def series(self, n: int, s0: int, k: int) -> DecodeSeries:
+        """Prices of ``k`` decode steps of ``n`` sequences from context sum ``s0``."""
+        last = s0 + n * (k - 1)
+        b0, b1 = s0 // BLOCK, last // BLOCK
+        if not self.tabled or b1 - b0 >= MAX_SPAN:
+            return self.cost.decode_series(n, s0 + n * np.arange(k, dtype=np.int64))
+        if b0 == b1:  # most stretches: a strided slice of one block
+            lo = s0 - b0 * BLOCK
+            sec, bound, comp, mem = self._block(n, b0)
+            return DecodeSeries(sec[lo: lo + n * k: n], bound[lo: lo + n * k: n],
+                                comp[lo: lo + n * k: n], mem[lo: lo + n * k: n])
+        parts = []
+        for b in range(b0, b1 + 1):
+            # The stretch's context sums inside this block: s0 + n*j, strided by n.
+            lo = max(s0, b * BLOCK)
+            first = lo + (s0 - lo) % n - b * BLOCK
+            stop = min(last, b * BLOCK + BLOCK - 1) - b * BLOCK + 1
+            parts.append([column[first:stop:n] for column in self._block(n, b)])
+        return DecodeSeries(*(np.concatenate(columns) for columns in zip(*parts, strict=True)))
+
+    def _block(self, n: int, b: int) -> DecodeSeries:
+        """The prices of context sums ``b*BLOCK .. b*BLOCK + BLOCK - 1`` at batch size ``n``."""
+        key = (n, b)
+        blocks = self._blocks
+        block = blocks.get(key)
+        if block is not None:
+            blocks.move_to_end(key)
+            return block
+        sec, bound, comp, mem = self.cost.decode_series(
+            n, b * BLOCK + np.arange(BLOCK, dtype=np.int64))
+        # Compute and memory seconds and bound codes are kept at the precision the step
+        # records store them in (the recorded values are unchanged), step times in full.
+        block = DecodeSeries(sec, bound.astype(_BOUND), comp.astype(_COMPUTE),
+                             mem.astype(_MEMORY))
+        blocks[key] = block
+        if len(blocks) > MAX_BLOCKS:
+            blocks.popitem(last=False)
+        return block

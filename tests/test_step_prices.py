@@ -1,0 +1,117 @@
+"""Step and decode-series prices kept between steps equal a direct pricing call, bit for bit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator import Simulation
+from simulator.cost.batch import BatchShape
+from simulator.engine import step_prices
+from simulator.engine.recorder import STEP_COLUMNS
+from simulator.engine.step_prices import BLOCK, StepPrices, prices_elementwise, pure
+from simulator.scenario.load import load_scenario, scenario_dir
+from tests.test_invariants import SHIPPED
+
+RECORDED = dict(STEP_COLUMNS)
+
+
+def _cost_models() -> list[Any]:
+    """The cost model of every distinct pool of the shipped scenarios that fast-forwards
+    (single-stage, no speculative decoding)."""
+    out, seen = [], set()
+    for path in SHIPPED:
+        plan = Simulation(load_scenario(path), scenario_dir(path), str(path)).plan
+        for spec in plan.instances:
+            key = (path.name, spec.pool)
+            if key not in seen and spec.cost.parallelism.pp == 1 and spec.speculative is None:
+                seen.add(key)
+                out.append(spec.cost)
+    return out
+
+
+COSTS = _cost_models()
+TABLED = [c for c in COSTS if prices_elementwise(c)]
+
+
+def test_shipped_layouts_are_priced_both_ways() -> None:
+    assert TABLED, "no shipped layout uses kept prices"
+    assert len(TABLED) < len(COSTS), "every shipped layout uses kept prices"
+
+
+def assert_same_series(got: Any, want: Any) -> None:
+    assert np.array_equal(got.seconds, want.seconds)  # step times: bit for bit
+    assert np.array_equal(got.bound, want.bound)
+    # compute and memory seconds, at the precision the step records keep them
+    for name, a, b in (("compute_s", got.compute_s, want.compute_s),
+                       ("memory_s", got.memory_s, want.memory_s)):
+        dtype = np.dtype(RECORDED[name])
+        assert np.array_equal(np.asarray(a, dtype=dtype), np.asarray(b, dtype=dtype)), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(which=st.integers(0, 10**6),
+       stretches=st.lists(st.one_of(
+           # typical stretches (inside a block or across one edge), and long ones
+           st.tuples(st.integers(1, 64), st.integers(0, 100_000), st.integers(1, 80)),
+           st.tuples(st.integers(1, 300), st.integers(0, 400_000), st.integers(1, 400))),
+           min_size=1, max_size=12),
+       max_blocks=st.sampled_from([1, 2, 1024]))
+def test_kept_prices_equal_a_direct_call(which: int, stretches: list[tuple[int, int, int]],
+                                         max_blocks: int) -> None:
+    """Any sequence of stretches (batch size, first context sum, steps), across block edges
+    and with blocks dropped from a full table, reads the prices a direct call gives."""
+    cost = COSTS[which % len(COSTS)]
+    prices = StepPrices(cost)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(step_prices, "MAX_BLOCKS", max_blocks)
+        for n, s0, k in stretches:
+            first = max(s0, n)  # every sequence holds at least one token
+            got = prices.series(n, first, k)
+            want = cost.decode_series(n, first + n * np.arange(k, dtype=np.int64))
+            assert_same_series(got, want)
+        assert len(prices._blocks) <= max_blocks
+
+
+def test_a_stretch_inside_one_block_reuses_it() -> None:
+    cost = TABLED[0]
+    prices = StepPrices(cost)
+    calls = []
+    real = cost.decode_series
+
+    def counting(n: int, ctx: np.ndarray) -> Any:
+        calls.append(len(ctx))
+        return real(n, ctx)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cost, "decode_series", counting)
+        prices.series(8, 3 * BLOCK + 5, 20)
+        prices.series(8, 3 * BLOCK + 6, 30)  # same block, another residue: no call
+        prices.series(9, 3 * BLOCK + 6, 30)  # another batch size: its own block
+    assert calls == [BLOCK, BLOCK]
+
+
+@settings(max_examples=40, deadline=None)
+@given(which=st.integers(0, 10**6),
+       shapes=st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 4096),
+                                 st.integers(0, 64), st.integers(0, 20_000)),
+                       min_size=1, max_size=30),
+       max_steps=st.sampled_from([1, 3, 8192]))
+def test_kept_step_prices_equal_a_direct_call(which: int,
+                                              shapes: list[tuple[int, int, int, int]],
+                                              max_steps: int) -> None:
+    """Prefill, mixed and decode shapes, repeated and with entries dropped from a full
+    table, price as ``cost.step`` does."""
+    cost = COSTS[which % len(COSTS)]
+    prices = StepPrices(cost)
+    assert prices.kept == pure(cost)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(step_prices, "MAX_STEPS", max_steps)
+        for new, cached, seqs, ctx in [*shapes, *shapes]:  # each shape at least twice
+            shape = BatchShape.build([(new, cached, True)], [ctx // max(seqs, 1)] * seqs)
+            assert prices.step(shape) == cost.step(shape)
+        assert len(prices._steps) <= max_steps
