@@ -13,7 +13,13 @@ from simulator import Simulation
 from simulator.cost.batch import BatchShape
 from simulator.engine import step_prices
 from simulator.engine.recorder import STEP_COLUMNS
-from simulator.engine.step_prices import BLOCK, StepPrices, prices_elementwise, pure
+from simulator.engine.step_prices import (
+    BLOCK,
+    PriceTables,
+    StepPrices,
+    prices_elementwise,
+    pure,
+)
 from simulator.scenario.load import load_scenario, scenario_dir
 from tests.test_invariants import SHIPPED
 
@@ -115,3 +121,25 @@ def test_kept_step_prices_equal_a_direct_call(which: int,
             shape = BatchShape.build([(new, cached, True)], [ctx // max(seqs, 1)] * seqs)
             assert prices.step(shape) == cost.step(shape)
         assert len(prices._steps) <= max_steps
+
+
+def _tables_by_pool(name: str) -> dict[str, set[int]]:
+    path = next(p for p in SHIPPED if p.name == name)
+    plan = Simulation(load_scenario(path), scenario_dir(path), str(path)).plan
+    tables = PriceTables()
+    by_pool: dict[str, set[int]] = {}
+    for spec in plan.instances:
+        by_pool.setdefault(spec.pool, set()).add(id(tables.for_cost(spec.cost)))
+    return by_pool
+
+
+def test_instances_priced_alike_share_one_table() -> None:
+    # 1 prefill + 2 decode instances, all Llama-3.1-70B on H100 TP4: one cost model, one table
+    by_pool = _tables_by_pool("1p2d_conv.yaml")
+    assert len(by_pool) == 2
+    assert len(set.union(*by_pool.values())) == 1, by_pool
+    # H100 prefill, LPU decode: priced apart
+    by_pool = _tables_by_pool("llama3170b_h100_prefill_lpu_decode.yaml")
+    assert len(by_pool) == 2
+    assert all(len(v) == 1 for v in by_pool.values()), by_pool
+    assert len(set.union(*by_pool.values())) == 2, by_pool

@@ -27,6 +27,7 @@ from simulator.engine.priority import make_queue
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
 from simulator.engine.router import MIN_KEYS, POLICIES, RouterState
+from simulator.engine.step_prices import PriceTables
 from simulator.engine.tenants import Admission
 from simulator.engine.tier_io import TierRoute
 from simulator.engine.tier_loads import TierLoader
@@ -89,6 +90,7 @@ class Cluster:
         self.tiers = TierLoader(self.env, self.fabric, [s.tiers for s in self.specs],
                                 self.prefix_block_tokens, self._route)
         self.instances: list[Instance] = []
+        prices = PriceTables()  # instances priced alike share their kept prices
         for i, spec in enumerate(self.specs):
             inst = Instance(
                 self.env, i, spec.name, spec.pool, spec.role, spec.cost, spec.kv_blocks,
@@ -97,6 +99,7 @@ class Cluster:
                 first_token=spec.first_token, max_num_seqs_per=spec.max_num_seqs_per,
                 speculative=spec.speculative,
                 speculation_rng=self._child_rng() if spec.speculative is not None else None,
+                prices=prices.for_cost(spec.cost),
             )
             inst.attach_tiers(self.tiers.below(i))
             if not spec.active:

@@ -72,6 +72,7 @@ class Instance(ServingProcess):
         max_num_seqs_per: str = "engine",
         speculative: Acceptance | None = None,
         speculation_rng: np.random.Generator | None = None,
+        prices: StepPrices | None = None,
     ) -> None:
         self.env = env
         self.index = index
@@ -79,7 +80,8 @@ class Instance(ServingProcess):
         self.pool = pool
         self.role = role
         self.cost = cost
-        self._prices = StepPrices(cost)  # step and decode-stretch prices, kept
+        # Step and decode-stretch prices, kept (shared with instances priced the same).
+        self._prices = prices if prices is not None else StepPrices(cost)
         cache = None
         if scheduler.prefix_caching:
             cache = PrefixCache(prefix_block_tokens, block_size)

@@ -2,10 +2,12 @@
 decode-stretch times by batch size and context sum, priced a block of consecutive
 context sums at a time.
 
-**Steps.** The roofline cost model (:class:`~simulator.cost.step.InstanceCostModel`) is a
-pure function of the batch shape, and shapes repeat: a disaggregated prefill instance
-mostly runs one prompt per step, and prompt lengths recur. Its prices are kept by shape
-(least recently used dropped beyond ``MAX_STEPS``).
+**Prefill steps.** The roofline cost model (:class:`~simulator.cost.step.InstanceCostModel`)
+is a pure function of the batch shape, and prefill-only shapes repeat: a disaggregated
+prefill instance mostly runs one prompt per step, and prompt lengths recur (on 1P1D
+Llama-3.1-70B at 10k requests, 63 % of its steps). Their prices are kept by shape, least
+recently used dropped beyond ``MAX_STEPS``. Steps with decodes are priced directly:
+their context sums almost never repeat (about 1 % on the same run).
 
 **Decode stretches.**
 A decode step's price depends on the batch only through its size ``n`` and context sum
@@ -43,8 +45,8 @@ BLOCK = 512
 """Consecutive context sums priced in one call."""
 MAX_SPAN = 3
 """A stretch whose context sums span more blocks than this is priced directly."""
-MAX_STEPS = 8192
-"""Step prices kept per instance (about 2 MB)."""
+MAX_STEPS = 4096
+"""Prefill step prices kept per instance (about 2.5 MB)."""
 MAX_BLOCKS = 1024
 """Blocks kept per instance (at most about 9 MB), least recently used dropped first."""
 
@@ -73,8 +75,8 @@ class StepPrices:
         self._blocks: OrderedDict[tuple[int, int], DecodeSeries] = OrderedDict()
 
     def step(self, shape: BatchShape) -> StepCost:
-        """The price of one step of ``shape`` (``cost.step``)."""
-        if not self.kept:
+        """The price of one step of ``shape`` (``cost.step``): kept for prefill-only shapes."""
+        if not self.kept or shape.decode_seqs:
             return self.cost.step(shape)  # type: ignore[no-any-return]
         steps = self._steps
         price = steps.get(shape)
@@ -124,3 +126,24 @@ class StepPrices:
         if len(blocks) > MAX_BLOCKS:
             blocks.popitem(last=False)
         return block
+
+
+class PriceTables:
+    """A cluster's kept prices: instances whose roofline cost models are equal (same
+    model, device, layout, links and engine constants, so the same prices) share one
+    table, which also pools what they have priced."""
+
+    __slots__ = ("_tables",)
+
+    def __init__(self) -> None:
+        self._tables: list[StepPrices] = []
+
+    def for_cost(self, cost: Any) -> StepPrices:
+        if pure(cost):
+            for table in self._tables:
+                if table.cost is cost or table.cost == cost:
+                    return table
+        table = StepPrices(cost)
+        if table.kept:
+            self._tables.append(table)
+        return table
