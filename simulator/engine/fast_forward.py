@@ -48,7 +48,8 @@ def observes(fn: F) -> F:
     """Gate of an outside read: bring a running jump up to date first."""
     @wraps(fn)
     def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
-        self._sync()
+        if self._jump is not None:
+            self._sync()
         return fn(self, *args, **kwargs)
 
     gated.__gate__ = "observes"  # type: ignore[attr-defined]
@@ -80,7 +81,8 @@ class Jump:
     and steps of a typical jump (measured: benchmarks/README.md).
     """
 
-    __slots__ = ("booked", "bounds", "ctx", "ctx_sum", "cut_at", "decodes", "ends", "extra",
+    __slots__ = ("booked", "bounds", "cancelled", "ctx", "ctx_sum", "cut_at", "decodes", "ends",
+                 "extra",
                  "held", "k", "last_sync", "pinned", "queue_len", "running", "seconds",
                  "series", "start", "used")
 
@@ -102,6 +104,7 @@ class Jump:
         self.used = [kv_used]  # KV used after booking step j
         self.queue_len, self.running = queue_len, running  # at the jump's start
         self.cut_at: float | None = None  # time of the first outside write
+        self.cancelled = False  # a client of the batch gave up during the jump
         self.last_sync = -1.0
 
     # ----- booking -------------------------------------------------------------------
@@ -182,15 +185,19 @@ class Jump:
             list(range(self.ctx_sum, self.ctx_sum + n * done, n)), used, kv.total, queue,
             run, self.bounds[:done], series.compute_s[:done], series.memory_s[:done],
         )
-        bs, last = kv.block_size, done - 1
+        bs, last, cancelled = kv.block_size, done - 1, self.cancelled
         finished = []
         for r, c, h, p in zip(decodes, self.ctx, self.held, self.pinned, strict=True):
             need = -(-(c + last) // bs)
             r.blocks = (h if h > need else need) - p
-            if r.status is State.CANCELLED:
+            if cancelled and r.status is State.CANCELLED:
                 continue  # its tokens were booked when its client gave up (book_cancelled)
-            book_tokens(r, start, ends, done)
-            if r.generated >= r.output_tokens:
+            g = r.generated
+            if g < 2 or r.decode_start_s != r.decode_start_s:
+                book_tokens(r, start, ends, done)  # its first decode steps: their times
+            else:
+                r.generated = g + done
+            if g + done >= r.output_tokens:
                 finished.append(r)
         return finished
 
@@ -198,6 +205,7 @@ class Jump:
         """``req``'s client gave up at ``now``: it received the tokens of the steps that
         ended before (a step ending at ``now`` ends after the client's timer, which was
         set first); its KV stays booked with the others' until the jump is applied."""
+        self.cancelled = True
         book_tokens(req, self.start, self.ends, bisect_left(self.ends, now))
 
 
