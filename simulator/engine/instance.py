@@ -372,6 +372,7 @@ class Instance(ServingProcess):
                 self._apply_jump(jump, done)
         if self._aborts:
             self._apply_aborts()
+        self._prices.clear()  # nothing is priced any more
         if self.process.is_alive:
             self.process.interrupt("stop")
 

@@ -88,6 +88,12 @@ class StepPrices:
             steps.popitem(last=False)
         return price
 
+    def clear(self) -> None:
+        """Drop what is kept (the clock has stopped: the memory goes back before the run's
+        frames are built)."""
+        self._steps.clear()
+        self._blocks.clear()
+
     def series(self, n: int, s0: int, k: int) -> DecodeSeries:
         """Prices of ``k`` decode steps of ``n`` sequences from context sum ``s0``."""
         last = s0 + n * (k - 1)
