@@ -155,6 +155,25 @@ def test_trtllm_max_utilization_pauses_the_last_scheduled_generation() -> None:
     assert out.decodes == [a]
 
 
+def test_trtllm_max_utilization_pauses_the_last_started_when_none_is_scheduled() -> None:
+    """The first generation cannot grow and nothing is scheduled yet to pause: the last
+    started generation is paused (here b, not visited yet), or the request itself when it is
+    the only one. Before, scheduling stopped with the KV full: no step and no event, and
+    the instance stalled until the clock stopped."""
+    ledger = PlainLedger(free=0, block_size=BS)
+    a, b = decoding(0, 32, 1, ledger), decoding(1, 32, 1, ledger)
+    lacking(a, ledger=ledger)
+    out = TrtllmInflight("max_utilization").schedule(view([], [a, b], ledger))
+    assert out.preempted == [b]
+    assert out.decodes == [a]
+    ledger = PlainLedger(free=0, block_size=BS)
+    alone = decoding(2, 32, 1, ledger)
+    lacking(alone, ledger=ledger)
+    out = TrtllmInflight("max_utilization").schedule(view([], [alone], ledger))
+    assert out.preempted == [alone]
+    assert out.decodes == []
+
+
 def test_trtllm_without_chunking_a_context_larger_than_the_tokens_left_waits() -> None:
     ledger = PlainLedger(free=1000, block_size=BS)
     run = [decoding(0, 32, 1, ledger, spare=1)]

@@ -132,6 +132,21 @@ class TrtllmInflight(Stateless):
                     continue
             victim = next((r for r in reversed(scheduled)
                            if r.status is State.DECODE and not r.in_flight), None)
+            if victim is None and req.id in running:
+                # Nothing scheduled to pause: pause the request started last among the
+                # running ones not visited yet, or this one (TensorRT-LLM's
+                # MaxUtilizationScheduler pauses the last started request, which may be the
+                # request it could not fit; before, this case stopped scheduling for good
+                # with the KV full: no step, no event, a stalled instance).
+                later = [r for r in active[idx + 1:len(running)]
+                         if r.id not in gone and r.status is State.DECODE and not r.in_flight]
+                victim = later[-1] if later else req
+                kv.preempt(victim)
+                out.preempted.append(victim)
+                gone.add(victim.id)
+                if victim is req:
+                    idx += 1
+                continue
             if victim is None:
                 break
             scheduled.remove(victim)
