@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from simulator.hardware.profiles import DeviceProfile
+import numpy as np
+
+from simulator.hardware.profiles import DeviceProfile, OperatorFit
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +56,111 @@ def op_time(device: DeviceProfile, precision: str, flops: float, nbytes: float,
         eff.eta_memory(nbytes),
         kernels * device.kernel_launch_us * 1e-6,
     )
+
+
+# ----- tile and wave quantisation of fitted operators ----------------------------------
+# A GPU kernel cuts its output into tiles, one thread block each, and runs them in waves
+# of one block per SM: a kernel of 133 tiles on 132 SMs takes two waves, and a GEMM whose
+# m is not a multiple of its tile computes the padding rows too. The functions below count
+# tiles; ``wave_factor`` turns them into the multiplier of a fitted operator's FLOPs
+# (:meth:`simulator.hardware.profiles.OperatorFit.parts`, ``quant``).
+
+DECODE_SPLIT_TOKENS = 512
+"""Context tokens per split-KV partition of a decode-attention kernel (vLLM's paged
+attention v2 ``PARTITION_SIZE``; FlashInfer and FlashAttention split long contexts the
+same way): a long sequence fills the GPU with partitions, not with one thread block."""
+
+
+def decode_units(seqs: Any, ctx_tokens: Any, kv_heads: Any,
+                 split: int = DECODE_SPLIT_TOKENS) -> Any:
+    """Parallel work units of a decode-attention step: (sequence, KV head) pairs, or its
+    split-KV partitions when the contexts are long. Grows with every sequence and token, so
+    adding a sequence to a batch never makes the step cheaper."""
+    return kv_heads * np.maximum(seqs, np.asarray(ctx_tokens, dtype=float) / split)
+
+
+MIN_TILE_M = 16
+"""Smallest tile along ``m``: Ampere's ``mma.m16n8k16`` and the M16 bucket of vLLM's
+CUTLASS GEMM dispatch (vllm-project/vllm csrc/quantization/cutlass_w8a8/c3x/
+scaled_mm_sm90_fp8_dispatch.cuh: tile configurations per bucket of ``next_pow_2(m)``,
+M16 / M64 / M128 / larger)."""
+
+
+def tile_m_for(m: Any, tile_m: int) -> Any:
+    """The tile a kernel uses along ``m``: the next power of two of ``m`` (at least
+    ``MIN_TILE_M``), up to the family's ``tile_m``: small batches select smaller tiles (the
+    dispatch cited above) instead of padding one row to a full tile. Never decreases in m."""
+    m = np.maximum(np.asarray(m, dtype=float), 1.0)
+    pow2 = np.exp2(np.ceil(np.log2(m)))
+    return np.clip(pow2, min(MIN_TILE_M, tile_m), tile_m)
+
+
+SPLIT_K_TILE = 64
+"""Depth of one k-slice of a split-K GEMM: a split never holds less than this of ``k``."""
+
+
+def gemm_tiles(groups: Any, m: Any, n: Any, k: Any, tile_m: int, tile_n: int,
+               split_k: bool = False) -> tuple[Any, Any, Any]:
+    """(whole, exact, most split) thread blocks of ``groups`` GEMMs of ``m x n`` outputs over
+    depth ``k``: ``groups * ceil(m / tm) * ceil(n / tn)``, the same without rounding up, and
+    the most k-slices one tile may be split into (1 without ``split_k``).
+
+    ``tile_n = 0`` counts ``n`` as a number of independent units (attention heads), each
+    one tile wide. Grouped MoE GEMMs: ``groups`` experts of ``m`` tokens each. With
+    ``split_k`` a kernel of fewer tiles than SMs splits ``k`` over ``floor(SMs / tiles)``
+    blocks per tile (cuBLAS split-K, CUTLASS stream-K; at least ``SPLIT_K_TILE`` of k per
+    split): counted here as more blocks of proportionally less work, see
+    :func:`wave_factor`'s ``sms``.
+    """
+    tm = tile_m_for(m, tile_m)
+    m = np.maximum(np.asarray(m, dtype=float), 1e-9)
+    cols = np.asarray(n, dtype=float) / tile_n if tile_n else np.asarray(n, dtype=float)
+    whole = groups * np.ceil(m / tm) * (np.ceil(cols) if tile_n else cols)
+    exact = groups * (m / tm) * cols
+    if split_k:
+        return whole, exact, np.maximum(np.asarray(k, dtype=float) / SPLIT_K_TILE, 1.0)
+    return whole, exact, 1.0
+
+
+def decode_tiles(seqs: Any, ctx_tokens: Any, kv_heads: Any, split: int) -> tuple[Any, Any]:
+    """(whole, exact) thread blocks of a split-KV decode-attention kernel: per KV head, one
+    per sequence or one per ``split`` context tokens when contexts are long (the same
+    count :func:`simulator.cost.step.decode_units` uses, rounded up to whole partitions).
+    Grows with every sequence and token."""
+    ctx = np.asarray(ctx_tokens, dtype=float)
+    whole = kv_heads * np.maximum(seqs, np.ceil(ctx / split))
+    return whole, kv_heads * np.maximum(seqs, ctx / split)
+
+
+def wave_factor(whole: Any, exact: Any, sms: int, max_split: Any = 1.0) -> Any:
+    """``waves * SMs / (exact tiles * split)``, with ``waves = ceil(whole tiles * split / SMs)``:
+    the multiplier of an operator's FLOPs for the idle SMs of its last wave and the padding
+    of its partial tiles (1 for a kernel of full tiles filling whole waves).
+
+    ``split`` (at most ``max_split``; 1 without split-K) is ``floor(SMs / whole tiles)`` for
+    a kernel of fewer tiles than SMs. The FLOPs times this factor are ``waves * SMs / split
+    * (FLOPs per tile)``, which never decreases as tiles are added, so a fitted step stays
+    monotone in its batch.
+    """
+    whole = np.maximum(whole, 1.0)
+    split = np.clip(np.floor(sms / whole), 1.0, np.floor(max_split))
+    waves = np.ceil(whole * split / sms)
+    return waves * sms / (np.maximum(exact, 1e-9) * split)
+
+
+def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | None,
+                 decode: bool = False) -> Any:
+    """The FLOPs multiplier of ``fit`` for an operator of ``shape``: 1 where the fit has no
+    tiles; else :func:`wave_factor` of ``(groups, m, n, k)`` GEMM-like tiles, or for decode
+    attention (``decode``) of ``(sequences, context tokens, KV heads)`` split-KV blocks."""
+    if not fit.tile_m or shape is None:
+        return 1.0
+    if sms is None:
+        raise ValueError("a fit with tile_m needs the device's sm_count")
+    if decode:
+        seqs, ctx, kv_heads = shape[:3]
+        whole, exact = decode_tiles(seqs, ctx, kv_heads, fit.tile_m)
+        return wave_factor(whole, exact, sms)
+    groups, m, n, k = shape
+    whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k)
+    return wave_factor(whole, exact, sms, max_split)

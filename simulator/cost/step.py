@@ -8,42 +8,29 @@ docs/hardware.md (efficiency factors and per-operator fits).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from simulator.cost.accounting import DecodeSeries, LinkSet, StepCost, _Acc
 from simulator.cost.batch import BatchShape
-from simulator.cost.collectives import (
-    allreduce_time,
-    p2p_time,
-)
-from simulator.cost.dp_attention import extend_tokens, rank_batch, series_by_steps, two_batch_overlap_step
+from simulator.cost.collectives import p2p_time
+from simulator.cost.dp_attention import rank_batch, series_by_steps, two_batch_overlap_step
 from simulator.cost.host import HostModel
-from simulator.cost.moe_comm import DeepEPMode, EPGroup, deepep_kernel, moe_exchange_seconds
+from simulator.cost.moe_comm import DeepEPMode, EPGroup
+from simulator.cost.operators import OperatorPricing
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
-from simulator.cost.roofline import op_time
+from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_units
 from simulator.hardware.profiles import DeviceProfile, OperatorFit
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
 
-DECODE_SPLIT_TOKENS = 512
-"""Context tokens per split-KV partition of a decode-attention kernel (vLLM's paged
-attention v2 ``PARTITION_SIZE``; FlashInfer and FlashAttention split long contexts the
-same way): a long sequence fills the GPU with partitions, not with one thread block."""
-
-
-def decode_units(seqs: Any, ctx_tokens: Any, kv_heads: Any) -> Any:
-    """Parallel work units of a decode-attention step: (sequence, KV head) pairs, or its
-    split-KV partitions when the contexts are long. Grows with every sequence and token, so
-    adding a sequence to a batch never makes the step cheaper."""
-    return kv_heads * np.maximum(seqs, np.asarray(ctx_tokens, dtype=float) / DECODE_SPLIT_TOKENS)
+__all__ = ["DECODE_SPLIT_TOKENS", "DecodeSeries", "InstanceCostModel", "StepCost", "_Acc",
+           "decode_units"]
 
 
 @dataclass
-class InstanceCostModel:
+class InstanceCostModel(OperatorPricing):
     model: ModelConfig
     device: DeviceProfile
     parallelism: Parallelism = field(default_factory=Parallelism)
@@ -139,21 +126,6 @@ class InstanceCostModel:
         return out
 
     # ----- per-device shapes -------------------------------------------------------
-    @property
-    def kv_heads_per_device(self) -> int:
-        return math.ceil(self.model.num_kv_heads / self.parallelism.tp)
-
-    def kv_elements_per_token_per_layer_device(self) -> float:
-        """KV elements one token stores per layer on one TP rank.
-
-        GQA shards KV heads over TP (a rank keeps at least one head, so TP beyond the KV
-        head count replicates). MLA's single latent is replicated on every rank.
-        """
-        m = self.model
-        if m.attention == "mla":
-            return m.kv_elements_per_token_per_layer()
-        return 2 * self.kv_heads_per_device * m.head_dim
-
     def _attn_weight_params_device(self) -> float:
         m, t = self.model, self.parallelism.tp
         if m.attention == "mla":
@@ -213,13 +185,13 @@ class InstanceCostModel:
         rows = max(seqs, padded or 0)  # a replayed graph runs its captured batch size
         ctx = np.asarray(ctx_sums, dtype=float)
         layers = self.model.num_layers
-        flops, nbytes, units = self._decode_attention_op(rows, ctx)
+        flops, nbytes, units, quant = self._decode_attention_op(rows, ctx)
         dev = self.device
         eff = dev.efficiency
         fit = self._fits.get("attention_decode")
         launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
-            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units)
+            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
             fixed = fit.fixed(rows * self._decode_row_heads(fit))
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
@@ -243,50 +215,6 @@ class InstanceCostModel:
         bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
         bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
         return DecodeSeries(seconds, bound, comp, mem)
-
-    def _decode_row_heads(self, fit: OperatorFit) -> float:
-        """Rows of per-row decode-attention work per sequence, as the fit counts them."""
-        if fit.row_unit == "kv_head":
-            return float(self.kv_heads_per_device)
-        return self.model.num_attention_heads / self.parallelism.tp
-
-    def _decode_attention_op(self, seqs: int, ctx: Any) -> tuple[Any, Any, Any]:
-        """FLOPs, bytes and parallel units decode attention is priced with.
-
-        The batch shape keeps only the context sum, so a batch is priced as ``seqs`` equal
-        sequences. Under a fitted curve, whose fill term favours many units, that can be
-        cheaper than one of its sequences alone (a long one next to a short one): the batch
-        is then priced as its longest possible sequence (all but one token per other
-        sequence), so adding a sequence never makes a step faster.
-        """
-        kvh = self.kv_heads_per_device
-        flops, nbytes = self._decode_attention_work(seqs, ctx)
-        units = decode_units(seqs, ctx, kvh)
-        fit = self._fits.get("attention_decode")
-        if fit is None or seqs <= 1:
-            return flops, nbytes, units
-        longest = np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0)
-        flops1, nbytes1 = self._decode_attention_work(1, longest)
-        units1 = decode_units(1, longest, kvh)
-        batch = np.maximum(*fit.parts(self._peak16, self._bw, flops, nbytes, units))
-        alone = np.maximum(*fit.parts(self._peak16, self._bw, flops1, nbytes1, units1))
-        slower = alone > batch
-        return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
-                np.where(slower, units1, units))
-
-    def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
-        """FLOPs and bytes of one layer's decode attention on one device."""
-        m, t = self.model, self.parallelism.tp
-        heads = m.num_attention_heads / t
-        kv_elems = self.kv_elements_per_token_per_layer_device()
-        io_width = (m.q_width + m.attn_out_width) / t
-        if m.attention == "mla":  # absorbed MLA: scores and values on the latent
-            per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-        else:
-            per_ctx = 4 * heads * m.head_dim
-        flops = per_ctx * ctx
-        nbytes = ctx * kv_elems * self._kvb + seqs * io_width * self._ab
-        return flops, nbytes
 
     def _step(self, batch: BatchShape, *, decode_attention: bool,
               ops: dict[str, float] | None = None) -> StepCost:
@@ -344,138 +272,3 @@ class InstanceCostModel:
             total.comm,
             total.launch + seconds - sum(stages),
         )
-
-    # ----- operators -----------------------------------------------------------------
-    def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
-            label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0) -> None:
-        """The roofline of one operator, added ``times`` times to ``acc``.
-
-        ``key`` describes the operator's shape for predictors that look it up in measured
-        tables (:class:`simulator.cost.predictor.TablePredictor`); the roofline ignores it.
-        ``units`` and ``rows`` feed the fitted per-operator curves (:class:`OperatorFit`).
-        """
-        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows), times, label)
-
-    def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
-                  rows: float) -> tuple[float, float, float]:
-        """(compute, memory, launch) seconds of one operator."""
-        fit = self._fits.get(label)
-        if fit is not None:
-            peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
-            c, m = fit.parts(peak, self._bw, flops, nbytes, units)
-            compute, memory = float(c), float(m)
-            fixed = float(fit.fixed(rows)) + (kernels - 1) * fit.floor_us * 1e-6
-            # The floor is kernel time, not launch: CUDA graphs do not remove it.
-            if compute >= memory:
-                return compute + fixed, memory, 0.0
-            return compute, memory + fixed, 0.0
-        if not self._flat:
-            t = op_time(self.device, self._cp, flops, nbytes, kernels)
-            return t.compute_s, t.memory_s, t.launch_s
-        compute = flops / (self._peak * self._eta_c) if flops else 0.0
-        memory = nbytes / (self._bw * self._eta_m) if nbytes else 0.0
-        return compute, memory, kernels * self._launch
-
-    def _gemm(self, acc: _Acc, tokens: int, params: float, out_width: float,
-              in_width: float, times: float, kernels: int = 1, label: str = "gemm",
-              shapes: tuple[tuple[float, float], ...] | None = None) -> None:
-        """A group of GEMMs sharing ``tokens`` rows; ``shapes`` lists each one's (n, k)."""
-        if tokens <= 0 or times <= 0:
-            return
-        flops = 2.0 * tokens * params
-        nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
-        k_sum = sum(k for _, k in shapes) if shapes is not None else in_width
-        self._op(acc, flops, nbytes, kernels, times, label,
-                 (tokens, shapes) if shapes is not None else None, tokens, tokens * k_sum)
-
-    def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
-        link = self.links.tp
-        if link is None:
-            return
-        # The engine's own measured all-reduce where the group stays on the scale-up link.
-        curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
-        seconds = curve.seconds(nbytes) if curve is not None else None
-        if seconds is None:
-            seconds = allreduce_time(nbytes, ranks, link)
-        acc.add_comm(seconds * times, "allreduce")
-
-    def _layers(self, acc: _Acc, b: BatchShape, count: float, *, moe: bool,
-                decode_attention: bool = True) -> None:
-        if count <= 0:
-            return
-        m, par = self.model, self.parallelism
-        t, h, tokens = par.tp, m.hidden_size, b.tokens
-        # Attention projections (QKV + output) as one weight-streaming group of GEMMs.
-        self._gemm(acc, tokens, self._attn_params, self._attn_out, 2 * h, count, kernels=2,
-                   label="gemm_attention", shapes=self._attn_shapes)
-        self._attention(acc, b, count, decode_attention)
-        if moe:
-            self._moe(acc, b, count)
-        else:
-            self._gemm(acc, tokens, self._ffn_params, 2 * self._ffn_width, 2 * h, count,
-                       kernels=2, label="gemm_ffn", shapes=self._ffn_shapes)
-        # Norms, residual adds, rotary, activation: bandwidth-bound elementwise kernels.
-        ffn_width = (m.moe_intermediate_size * m.num_experts_per_token if moe
-                     else m.intermediate_size) / t
-        elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
-        self._op(acc, 0.0, elem_bytes, 3, count, "elementwise")
-        if t > 1:
-            self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
-
-    def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
-        m, t = self.model, self.parallelism.tp
-        heads = m.num_attention_heads / t
-        kv_elems = self.kv_elements_per_token_per_layer_device()
-        io_width = (m.q_width + m.attn_out_width) / t
-        if b.prefill_tokens:
-            if m.attention == "mla":
-                per_pair = 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-            else:
-                per_pair = 4 * heads * m.head_dim
-            flops = per_pair * b.prefill_attn_pairs
-            nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
-            self._op(acc, flops, nbytes, 1, count, "attention_prefill", b,
-                     b.prefill_seqs * heads, b.prefill_tokens * heads)
-        if b.decode_seqs and decode:
-            flops, nbytes, units = self._decode_attention_op(b.decode_seqs, b.decode_ctx_tokens)
-            fit = self._fits.get("attention_decode")
-            self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
-                     float(units), b.decode_seqs * (self._decode_row_heads(fit) if fit else heads))
-
-    def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
-        m, par = self.model, self.parallelism
-        h, tokens = m.hidden_size, b.tokens
-        expert_params = m.ffn_params(m.moe_intermediate_size) / par.expert_tp
-        experts_here = (m.num_experts + self.redundant_experts) / par.ep
-        # With DP attention ``tokens`` is one rank's; the EP group routes all ranks' tokens.
-        group_tokens = tokens * par.dp
-        routed = group_tokens * m.num_experts_per_token
-        # Expected experts hit by at least one token, on the busiest device.
-        p_hit = 1.0 - (1.0 - m.num_experts_per_token / m.num_experts) ** group_tokens
-        touched = experts_here * p_hit
-        tokens_here = routed / par.ep * self.moe_imbalance
-        width = m.moe_intermediate_size / par.expert_tp
-        flops = 2.0 * tokens_here * expert_params
-        nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
-        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, tokens * h)
-        # Router GEMM and shared experts are dense, TP-sharded.
-        shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
-        router = h * m.num_experts
-        self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1,
-                   label="gemm_moe_dense")
-        if par.dp > 1 and self.ep_group is not None:
-            kernel = deepep_kernel(self.deepep_mode, extend_tokens(b))
-            acc.add_comm(moe_exchange_seconds(
-                kernel, tokens, h, m.num_experts, m.num_experts_per_token, self.ep_group,
-                self.moe_imbalance) * count, "moe_alltoall")
-            return
-        # TP attention: the layer's all-reduce already combines the experts' outputs
-        # (moe_token_exchange_time("tp", ...) is zero), so EP sends nothing of its own.
-
-    def _lm_head(self, acc: _Acc, b: BatchShape) -> None:
-        m, t = self.model, self.parallelism.tp
-        if b.logits_seqs <= 0:
-            return
-        params = m.vocab_size * m.hidden_size / t
-        self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1,
-                   label="lm_head", shapes=((m.vocab_size / t, m.hidden_size),))

@@ -114,13 +114,31 @@ class OperatorFit(_Frozen):
         "query heads of one KV head together, e.g. FlashInfer's batch decode with one "
         "thread block per sequence and KV head). "
         "The fit picks the one that fits its training shapes better."))
+    tile_m: int = Field(0, ge=0, description=(
+        "Tile and wave quantisation (0 = off): the largest tile along the batch axis (GEMM "
+        "and grouped-MoE rows, prefill query rows; decode attention: the split-KV partition "
+        "in context tokens). With it the FLOPs are multiplied by waves x SMs / tiles "
+        "(simulator.cost.roofline.wave_factor; needs the device's `sm_count`)."))
+    tile_n: int = Field(0, ge=0, description=(
+        "GEMM and grouped-MoE tile along the output columns n (0: columns are not tiled)."))
+    split_k: bool = Field(False, description=(
+        "GEMM and grouped MoE: a kernel of fewer tiles than SMs splits k over the idle SMs "
+        "(cuBLAS split-K, CUTLASS stream-K) instead of leaving them idle."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
-              units: Any = 1.0) -> tuple[Any, Any]:
-        """Compute and memory seconds (floats or numpy arrays)."""
+              units: Any = 1.0, quant: Any = 1.0) -> tuple[Any, Any]:
+        """Compute and memory seconds (floats or numpy arrays).
+
+        ``quant`` is the tile/wave multiplier of the FLOPs (1 without ``tile_m``); the fill
+        term adds ``F * (half_units / U)``, which stays constant while F grows with U.
+        """
         under = (units + self.half_units) / np.maximum(units, 1e-9) if self.half_units else 1.0
-        compute = (flops * under + self.half_flops) / (peak_flops * self.compute) * (flops > 0)
+        if self.tile_m:
+            flops_eff = flops * quant + (flops * (under - 1.0) if self.half_units else 0.0)
+        else:
+            flops_eff = flops * under
+        compute = (flops_eff + self.half_flops) / (peak_flops * self.compute) * (flops > 0)
         memory = (nbytes * under + self.half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
         return compute, memory
 
@@ -129,8 +147,8 @@ class OperatorFit(_Frozen):
         return self.floor_us * 1e-6 + rows * self.per_row_ps * 1e-12
 
     def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
-                units: Any = 1.0, rows: Any = 0.0) -> Any:
-        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units)
+                units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0) -> Any:
+        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant)
         return np.maximum(compute, memory) + self.fixed(rows)
 
 
@@ -204,6 +222,9 @@ class DeviceProfile(_Frozen):
         description="Where the capacity comes from (driver/runtime report, datasheet).")
     memory_bandwidth_gb_per_s: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
     l2_cache_mb: float | None = Field(None, ge=0, description="Last-level cache, MB.")
+    sm_count: int | None = Field(None, ge=1, description=(
+        "Streaming multiprocessors (AMD: compute units) the runtime reports, for the wave "
+        "quantisation of fitted operators (`OperatorFit.tile_m`); cite the datasheet."))
     kernel_tables: str | None = Field(None, description=(
         "System name of this device in NVIDIA AIConfigurator's measured kernel tables "
         "(`h100_sxm`, ...), used by `cost.predictor: tables`; unset where none exist."))
@@ -268,6 +289,11 @@ class DeviceProfile(_Frozen):
         for precision, rate in self.peak_tflops.items():
             if rate <= 0:
                 raise ValueError(f"peak_tflops.{precision} must be > 0, got {rate}")
+        for engine, engine_fits in (self.operators or {}).items():
+            tiled = [op for op, f in engine_fits.fits.items() if f.tile_m]
+            if tiled and self.sm_count is None:
+                raise ValueError(f"operators.{engine}.fits.{tiled[0]} sets tile_m: the device "
+                                 "needs sm_count (streaming multiprocessors) for its waves")
         nics = self.scale_out_nics_per_node
         if nics is not None and self.devices_per_node % nics:
             raise ValueError(f"scale_out_nics_per_node ({nics}) must divide devices_per_node "

@@ -29,134 +29,46 @@ import json
 import math
 import re
 import sys
-import zlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from simulator.cost.collectives import allreduce_time
-from simulator.cost.roofline import op_time
-from simulator.cost.step import decode_units
+from simulator.cost.roofline import decode_units, op_time, quantisation
 from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
-from simulator.hardware.registry import device_names, load_device, load_link, profiles_dir
-from simulator.runner.kernel_tables import (
-    _pick_version,
-    package_version,
-    plain_attention,
-    tables_root,
-)
-from simulator.units import bytes_per_element
+from simulator.hardware.registry import device_names, load_device, profiles_dir
+from simulator.runner.kernel_tables import _pick_version, package_version, tables_root
 from simulator.validation.calibrate import levenberg_marquardt
+from simulator.validation.kernel_fit_comm import _ape, allreduce_curves
+from simulator.validation.kernel_fit_samples import (
+    HOLDOUT_SHARE,
+    Samples,
+    attention_samples,
+    gemm_samples,
+    moe_samples,
+)
 
-HOLDOUT_SHARE = 0.25
+__all__ = ["Samples", "attention_samples", "evaluate", "fit", "fit_family", "gemm_samples",
+           "main", "moe_samples", "training_ape"]
+
 MAX_FIT_ROWS = 6000
 ROBUST_ROUNDS = 4
-_KV = {"bfloat16": "bf16", "fp8": "fp8"}
-_GEMM = {"bfloat16": ("gemm", "bf16"), "fp8": ("gemm_fp8", "fp8"), "nvfp4": ("gemm_fp4", "fp4")}
+_SIZES = (64, 128, 256)
+_GEMM_TILES = tuple((m, n, split) for split in (False, True) for m in _SIZES for n in _SIZES)
+TILE_CHOICES: dict[str, tuple[tuple[int, int, bool], ...]] = {
+    "gemm": ((0, 0, False), *_GEMM_TILES),
+    "attention_prefill": ((0, 0, False), *((m, 0, False) for m in _SIZES)),
+    "attention_decode": ((0, 0, False), *((s, 0, False) for s in (128, 256, 512, 1024))),
+}
+"""Tile sizes each family may choose from (``(0, 0, False)``: no quantisation), on its
+training shapes only. GEMM-like families (BF16/FP8/FP4 GEMM, MoE) tile ``m`` and ``n``, with
+or without split-K; prefill attention tiles the query rows of each (sequence, head); decode
+attention's tile is its split-KV partition in context tokens."""
 
 
-@dataclass(frozen=True)
-class Samples:
-    """One operator family's measurements: work, precision, time and hold-out mask."""
-
-    op: str
-    precision: str
-    flops: np.ndarray
-    nbytes: np.ndarray
-    units: np.ndarray
-    rows: np.ndarray
-    seconds: np.ndarray
-    held_out: np.ndarray
-    source: str
-    kv_rows: np.ndarray | None = None
-    """Decode attention: the per-row work counted per (sequence, KV head) instead."""
-
-
-def _held_out(keys: pd.Series) -> np.ndarray:
-    """Stable per-shape split: crc32 of the shape key, a quarter of the distinct keys."""
-    codes = {k: zlib.crc32(k.encode()) % 1000 < HOLDOUT_SHARE * 1000 for k in keys.unique()}
-    return keys.map(codes).to_numpy(bool)
-
-
-def gemm_samples(folder: Path) -> list[Samples]:
-    g = pd.read_parquet(folder / "gemm_perf.parquet")
-    out = []
-    for dtype, (op, precision) in _GEMM.items():
-        part = g[g["gemm_dtype"] == dtype]
-        if part.empty:
-            continue
-        part = part.groupby(["m", "n", "k"])["latency"].min().reset_index()
-        m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
-        b = bytes_per_element(precision)
-        nbytes = (m * k + k * n) * b + m * n * 2.0
-        keys = part["n"].astype(str) + "x" + part["k"].astype(str)
-        out.append(Samples(op, precision, 2 * m * n * k, nbytes, m, m * k,
-                           part["latency"].to_numpy(float) * 1e-3, _held_out(keys),
-                           f"{folder}/gemm_perf.parquet ({dtype})"))
-    return out
-
-
-def attention_samples(folder: Path) -> list[Samples]:
-    out = []
-    for name, op in (("context_attention_perf.parquet", "attention_prefill"),
-                     ("generation_attention_perf.parquet", "attention_decode")):
-        if not (folder / name).is_file():
-            continue
-        a = plain_attention(pd.read_parquet(folder / name))
-        a = a[a["kv_cache_dtype"].isin(_KV)]
-        shape = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
-                 "kv_cache_dtype"]
-        a = a.groupby(shape)["latency"].min().reset_index()
-        batch, isl, step, heads, kvh, hd = (a[c].to_numpy(float) for c in shape[:6])
-        kvb = a["kv_cache_dtype"].map({"bfloat16": 2.0, "fp8": 1.0}).to_numpy(float)
-        if op == "attention_prefill":
-            pairs = isl * (isl + 1) / 2
-            flops = 4 * heads * hd * pairs * batch
-            nbytes = batch * isl * (2 * kvh * hd * kvb + 2 * heads * hd * 2)
-            units, rows = batch * heads, batch * isl * heads
-        else:
-            kv = isl + step
-            flops = 4 * heads * hd * kv * batch
-            nbytes = batch * (kv * 2 * kvh * hd * kvb + 2 * heads * hd * 2)
-            units, rows = decode_units(batch, batch * kv, kvh), batch * heads
-        keys = (a["num_heads"].astype(str) + "/" + a["num_key_value_heads"].astype(str) + "/"
-                + a["head_dim"].astype(str))
-        out.append(Samples(op, "bf16", flops, nbytes, units, rows, a["latency"].to_numpy(float) * 1e-3,
-                           _held_out(keys), f"{folder}/{name}",
-                           batch * kvh if op == "attention_decode" else None))
-    return out
-
-
-def moe_samples(folder: Path) -> list[Samples]:
-    path = folder / "moe_perf.parquet"
-    if not path.is_file():
-        return []
-    mo = pd.read_parquet(path)
-    mo = mo[(mo["distribution"] == "balanced") & mo["moe_dtype"].isin(["bfloat16", "fp8"])]
-    shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
-             "moe_ep_size", "moe_dtype"]
-    mo = mo.groupby(shape)["latency"].min().reset_index()
-    out = []
-    for dtype, precision in (("bfloat16", "bf16"), ("fp8", "fp8")):
-        p = mo[mo["moe_dtype"] == dtype]
-        if p.empty:
-            continue
-        tokens, h, inter, topk, experts, tp, ep = (p[c].to_numpy(float) for c in shape[:7])
-        expert = 3 * h * inter / tp
-        experts_here = experts / ep
-        p_hit = 1.0 - (1.0 - topk / experts) ** tokens
-        tokens_here = tokens * topk / ep
-        flops = 2 * tokens_here * expert
-        nbytes = (experts_here * p_hit * expert * bytes_per_element(precision)
-                  + tokens_here * (2 * h + 2 * inter / tp) * 2)
-        keys = p[shape[1:7]].astype(str).agg("/".join, axis=1)
-        out.append(Samples("moe" if precision == "bf16" else "moe_fp8", precision, flops,
-                           nbytes, tokens_here, tokens * h, p["latency"].to_numpy(float) * 1e-3,
-                           _held_out(keys), f"{path} ({dtype}, balanced)"))
-    return out
+def tile_choices(op: str) -> tuple[tuple[int, int, bool], ...]:
+    return TILE_CHOICES.get(op, TILE_CHOICES["gemm"])
 
 
 def _sig(v: float) -> float:
@@ -167,10 +79,34 @@ def _exp(v: float) -> float:
     return math.exp(min(v, 40.0))
 
 
-def _to_fit(x: np.ndarray, rows: int) -> OperatorFit:
+def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
+            split_k: bool = False) -> OperatorFit:
     return OperatorFit(compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]), half_units=_exp(x[5]),
-                       per_row_ps=_exp(x[6]), rows=rows)
+                       per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
+                       split_k=split_k)
+
+
+def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
+          idx: np.ndarray) -> tuple[np.ndarray, Any]:
+    """Parallel units and the tile/wave FLOPs multiplier of ``samples[idx]`` under
+    ``fitted`` (decode attention: its split-KV partition also sets the units)."""
+    if not fitted.tile_m or samples.tiles is None:
+        return samples.units[idx], 1.0
+    shape = tuple(a[idx] for a in samples.tiles)
+    units = samples.units[idx]
+    if samples.decode:
+        units = decode_units(shape[0], shape[1], shape[2], fitted.tile_m)
+    return units, quantisation(fitted, shape, device.sm_count, samples.decode)
+
+
+def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
+            idx: np.ndarray) -> np.ndarray:
+    """Seconds ``fitted`` gives the measured shapes ``idx``."""
+    units, quant = _work(samples, fitted, device, idx)
+    return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
+                                     device.memory_bandwidth, samples.flops[idx],
+                                     samples.nbytes[idx], units, samples.rows[idx], quant))
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -179,20 +115,25 @@ def _rounded(f: OperatorFit) -> OperatorFit:
     return OperatorFit(compute=round(f.compute, 4), half_flops=sig4(f.half_flops),
                        memory=round(f.memory, 4), half_bytes=sig4(f.half_bytes),
                        half_units=sig4(f.half_units), floor_us=round(f.floor_us, 3),
-                       per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows)
+                       per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
+                       tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k)
 
 
-def fit(samples: Samples, device: DeviceProfile) -> OperatorFit:
-    """Least squares on log(predicted / measured) over the shapes not held out."""
+def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
+        split_k: bool = False) -> OperatorFit:
+    """Least squares on log(predicted / measured) over the shapes not held out, with the
+    given tile sizes (0: no tile/wave quantisation)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
-    f, b, u, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.units, samples.rows))
+    f, b, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.rows))
+    u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k), device, idx)
     log_t = np.log(samples.seconds[idx])
 
     def residual(x: np.ndarray) -> np.ndarray:
-        return np.log(_to_fit(x, 0).seconds(peak, bw, f, b, u, r)) - log_t
+        model = _to_fit(x, 0, tile_m, tile_n, split_k)
+        return np.log(model.seconds(peak, bw, f, b, u, r, q)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
     starts = ((0.7, 1e9, 1e6, 5.0, 1.0, 1.0), (0.5, 1e10, 1e7, 10.0, 30.0, 100.0),
@@ -214,45 +155,7 @@ def fit(samples: Samples, device: DeviceProfile) -> OperatorFit:
             return residual(z) * w
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
-    return _rounded(_to_fit(x, int((~samples.held_out).sum())))
-
-
-def allreduce_curves(folder: Path, device: DeviceProfile,
-                     engine: str) -> tuple[list[CollectiveCurve], list[dict[str, Any]]]:
-    """The engine's all-reduce per group size: knots on every other measured size.
-
-    The sizes between the knots are held out and report the error of the curve
-    ("after") and of the scale-up link's alpha-beta model ("before").
-    """
-    c = pd.read_parquet(folder / "custom_allreduce_perf.parquet")
-    if "backend" in c and c["backend"].astype(str).str.endswith("graph").any():
-        c = c[c["backend"].astype(str).str.endswith("graph")]  # CUDA-graph capture, as served
-    link = load_link(device.scale_up_link) if device.scale_up_link else None
-    curves, rows = [], []
-    for ranks, part in c.groupby("num_gpus"):
-        n = int(ranks)  # type: ignore[arg-type]
-        med = part.groupby("message_size")["latency"].median().sort_index() * 1e3  # us
-        sizes, us = med.index.to_numpy(float), med.to_numpy(float)
-        knots = np.zeros(len(sizes), bool)
-        knots[::2] = True
-        knots[-1] = True
-        curve = CollectiveCurve(ranks=n, points=[(float(b), round(float(t), 3))
-                                                 for b, t in zip(sizes[knots], us[knots],
-                                                                 strict=True)])
-        curves.append(curve)
-        held = ~knots
-        if link is None or not held.any():
-            continue
-        after = np.array([curve.seconds(b) or math.nan for b in sizes[held]]) * 1e6
-        before = np.array([allreduce_time(b, n, link) for b in sizes[held]]) * 1e6
-        meas = us[held]
-        rows.append({"device": device.name, "engine": engine, "op": f"allreduce_{n}", "kept": True,
-                     "held_out_rows": int(held.sum()), "fit_rows": int(knots.sum()),
-                     "median_ape_before": round(float(np.median(_ape(before, meas))), 1),
-                     "median_ape_after": round(float(np.median(_ape(after, meas))), 1),
-                     "p90_ape_after": round(float(np.percentile(_ape(after, meas), 90)), 1),
-                     "median_error_after": round(float(np.median(after / meas - 1) * 100), 1)})
-    return curves, rows
+    return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k))
 
 
 def interpolation_errors(root: Path, device: DeviceProfile, engine: str,
@@ -297,10 +200,6 @@ def interpolation_errors(root: Path, device: DeviceProfile, engine: str,
     return out
 
 
-def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
-    return np.abs(pred / meas - 1) * 100
-
-
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
     """Median APE on (a thinned set of) the fitted shapes; ``None``: device-wide constants."""
     idx = np.flatnonzero(~samples.held_out)
@@ -310,8 +209,7 @@ def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | 
         pred = np.array([op_time(device, samples.precision, fi, bi).seconds
                          for fi, bi in zip(f, b, strict=True)])
     else:
-        pred = fitted.seconds(device.peak_flops(samples.precision), device.memory_bandwidth, f, b,
-                              samples.units[idx], samples.rows[idx])
+        pred = predict(samples, device, fitted, idx)
     return float(np.median(_ape(pred, t)))
 
 
@@ -320,8 +218,7 @@ def evaluate(samples: Samples, device: DeviceProfile, fitted: OperatorFit) -> di
     f, b, t = samples.flops[ho], samples.nbytes[ho], samples.seconds[ho]
     before = np.array([op_time(device, samples.precision, fi, bi).seconds
                        for fi, bi in zip(f, b, strict=True)])
-    after = fitted.seconds(device.peak_flops(samples.precision), device.memory_bandwidth, f, b,
-                           samples.units[ho], samples.rows[ho])
+    after = predict(samples, device, fitted, np.flatnonzero(ho))
     return {"op": samples.op, "held_out_rows": int(ho.sum()), "fit_rows": fitted.rows,
             "median_ape_before": round(float(np.median(_ape(before, t))), 1),
             "median_ape_after": round(float(np.median(_ape(after, t))), 1),
@@ -332,17 +229,27 @@ def evaluate(samples: Samples, device: DeviceProfile, fitted: OperatorFit) -> di
 def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
-    Decode attention is fitted twice, its per-row work counted per query head and per KV
-    head, and keeps whichever fits the training shapes better (held-out shapes never choose).
+    Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
+    ``sm_count``) is fitted, and decode attention is fitted with its per-row work counted
+    per query head and per KV head; the fit with the lowest error on the training shapes is
+    kept (held-out shapes never choose).
     """
-    fitted = fit(family, device)
-    if family.kv_rows is None:
-        return family, fitted
-    by_kv = replace(family, rows=family.kv_rows, kv_rows=None)
-    alt = fit(by_kv, device).model_copy(update={"row_unit": "kv_head"})
-    if training_ape(by_kv, device, alt) < training_ape(family, device, fitted):
-        return by_kv, alt
-    return family, fitted
+    variants = [(family, "query_head")]
+    if family.kv_rows is not None:
+        variants.append((replace(family, rows=family.kv_rows, kv_rows=None), "kv_head"))
+    tiles = (tile_choices(family.op) if device.sm_count and family.tiles is not None
+             else ((0, 0, False),))
+    best: tuple[float, Samples, OperatorFit] | None = None
+    for samples, unit in variants:
+        for tile_m, tile_n, split_k in tiles:
+            fitted = fit(samples, device, tile_m, tile_n, split_k)
+            if unit != "query_head":
+                fitted = fitted.model_copy(update={"row_unit": unit})
+            score = training_ape(samples, device, fitted)
+            if best is None or score < best[0]:
+                best = (score, samples, fitted)
+    assert best is not None
+    return best[1], best[2]
 
 
 def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | None
@@ -402,6 +309,9 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             dumped = f.model_dump()
             if dumped["row_unit"] == "query_head":  # the default: keep the lines short
                 del dumped["row_unit"]
+            for off in ("tile_m", "tile_n", "split_k"):
+                if not dumped[off]:
+                    del dumped[off]
             fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
                                for k, v in dumped.items())
             block.append(f"      {op}: {{{fields}}}")

@@ -1,0 +1,289 @@
+"""The operators of one engine step: how each is priced (cost/step.py assembles them).
+
+Every per-layer operator (GEMM groups, prefill and decode attention, routed experts,
+elementwise kernels, the TP all-reduce, the LM head) is priced here on the device-wide
+roofline or, where the device carries one for the engine, its fitted per-operator curve
+(:class:`simulator.hardware.profiles.OperatorFit`) with its tile/wave quantisation
+(:func:`simulator.cost.roofline.quantisation`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from simulator.cost.accounting import LinkSet, _Acc
+from simulator.cost.batch import BatchShape
+from simulator.cost.collectives import allreduce_time
+from simulator.cost.dp_attention import extend_tokens
+from simulator.cost.moe_comm import DeepEPMode, EPGroup, deepep_kernel, moe_exchange_seconds
+from simulator.cost.parallel import Parallelism
+from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_units, op_time, quantisation
+from simulator.hardware.profiles import DeviceProfile, OperatorFit
+from simulator.models.arch import ModelConfig
+
+
+class OperatorPricing:
+    """Operator pricing of :class:`simulator.cost.step.InstanceCostModel` (a mixin: the
+    attributes below are the model's fields and the constants its ``__post_init__`` sets)."""
+
+    model: ModelConfig
+    device: DeviceProfile
+    parallelism: Parallelism
+    links: LinkSet
+    moe_imbalance: float
+    ep_group: EPGroup | None
+    deepep_mode: DeepEPMode
+    redundant_experts: int
+    _fits: dict[str, OperatorFit]
+    _ar_curves: dict[int, Any]
+    _peak: float
+    _peak16: float
+    _bw: float
+    _launch: float
+    _flat: bool
+    _eta_c: float
+    _eta_m: float
+    _cp: str
+    _wb: float
+    _ab: float
+    _kvb: float
+    _attn_params: float
+    _attn_out: float
+    _ffn_params: float
+    _ffn_width: float
+    _ffn_shapes: tuple[tuple[float, float], ...]
+    _attn_shapes: tuple[tuple[float, float], ...] | None
+
+    @property
+    def kv_heads_per_device(self) -> int:
+        return math.ceil(self.model.num_kv_heads / self.parallelism.tp)
+
+    def kv_elements_per_token_per_layer_device(self) -> float:
+        """KV elements one token stores per layer on one TP rank.
+
+        GQA shards KV heads over TP (a rank keeps at least one head, so TP beyond the KV
+        head count replicates). MLA's single latent is replicated on every rank.
+        """
+        m = self.model
+        if m.attention == "mla":
+            return m.kv_elements_per_token_per_layer()
+        return 2 * self.kv_heads_per_device * m.head_dim
+
+    def _quant(self, label: str, shape: tuple[Any, ...]) -> Any:
+        """Tile/wave FLOPs multiplier of operator ``label`` of ``shape`` (1 without a tiled
+        fit)."""
+        fit = self._fits.get(label)
+        if fit is None or not fit.tile_m:
+            return 1.0
+        return quantisation(fit, shape, self.device.sm_count, label == "attention_decode")
+
+    def _decode_row_heads(self, fit: OperatorFit) -> float:
+        """Rows of per-row decode-attention work per sequence, as the fit counts them."""
+        if fit.row_unit == "kv_head":
+            return float(self.kv_heads_per_device)
+        return self.model.num_attention_heads / self.parallelism.tp
+
+    def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
+        """Parallel units and tile/wave FLOPs multiplier of decode attention: a tiled fit's
+        ``tile_m`` is its split-KV partition, else ``DECODE_SPLIT_TOKENS``."""
+        kvh = self.kv_heads_per_device
+        fit = self._fits.get("attention_decode")
+        split = fit.tile_m if fit is not None and fit.tile_m else DECODE_SPLIT_TOKENS
+        return (decode_units(seqs, ctx, kvh, split),
+                self._quant("attention_decode", (seqs, ctx, kvh)))
+
+    def _decode_attention_op(self, seqs: int, ctx: Any) -> tuple[Any, Any, Any, Any]:
+        """FLOPs, bytes, parallel units and FLOPs multiplier decode attention is priced with.
+
+        The batch shape keeps only the context sum, so a batch is priced as ``seqs`` equal
+        sequences. Under a fitted curve, whose fill term favours many units, that can be
+        cheaper than one of its sequences alone (a long one next to a short one): the batch
+        is then priced as its longest possible sequence (all but one token per other
+        sequence), so adding a sequence never makes a step faster.
+        """
+        flops, nbytes = self._decode_attention_work(seqs, ctx)
+        units, quant = self._decode_units(seqs, ctx)
+        fit = self._fits.get("attention_decode")
+        if fit is None or seqs <= 1:
+            return flops, nbytes, units, quant
+        longest = np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0)
+        flops1, nbytes1 = self._decode_attention_work(1, longest)
+        units1, quant1 = self._decode_units(1, longest)
+        batch = np.maximum(*fit.parts(self._peak16, self._bw, flops, nbytes, units, quant))
+        alone = np.maximum(*fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1))
+        slower = alone > batch
+        return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
+                np.where(slower, units1, units), np.where(slower, quant1, quant))
+
+    def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
+        """FLOPs and bytes of one layer's decode attention on one device."""
+        m, t = self.model, self.parallelism.tp
+        heads = m.num_attention_heads / t
+        kv_elems = self.kv_elements_per_token_per_layer_device()
+        io_width = (m.q_width + m.attn_out_width) / t
+        if m.attention == "mla":  # absorbed MLA: scores and values on the latent
+            per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:
+            per_ctx = 4 * heads * m.head_dim
+        flops = per_ctx * ctx
+        nbytes = ctx * kv_elems * self._kvb + seqs * io_width * self._ab
+        return flops, nbytes
+
+    # ----- operators -----------------------------------------------------------------
+    def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
+            label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
+            quant: float = 1.0) -> None:
+        """The roofline of one operator, added ``times`` times to ``acc``.
+
+        ``key`` describes the operator's shape for predictors that look it up in measured
+        tables (:class:`simulator.cost.predictor.TablePredictor`); the roofline ignores it.
+        ``units``, ``rows`` and ``quant`` (tile/wave FLOPs multiplier) feed the fitted
+        per-operator curves (:class:`OperatorFit`).
+        """
+        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant), times,
+                   label)
+
+    def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
+                  rows: float, quant: float = 1.0) -> tuple[float, float, float]:
+        """(compute, memory, launch) seconds of one operator."""
+        fit = self._fits.get(label)
+        if fit is not None:
+            peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
+            c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant)
+            compute, memory = float(c), float(m)
+            fixed = float(fit.fixed(rows)) + (kernels - 1) * fit.floor_us * 1e-6
+            # The floor is kernel time, not launch: CUDA graphs do not remove it.
+            if compute >= memory:
+                return compute + fixed, memory, 0.0
+            return compute, memory + fixed, 0.0
+        if not self._flat:
+            t = op_time(self.device, self._cp, flops, nbytes, kernels)
+            return t.compute_s, t.memory_s, t.launch_s
+        compute = flops / (self._peak * self._eta_c) if flops else 0.0
+        memory = nbytes / (self._bw * self._eta_m) if nbytes else 0.0
+        return compute, memory, kernels * self._launch
+
+    def _gemm(self, acc: _Acc, tokens: int, params: float, out_width: float,
+              in_width: float, times: float, kernels: int = 1, label: str = "gemm",
+              shapes: tuple[tuple[float, float], ...] | None = None) -> None:
+        """A group of GEMMs sharing ``tokens`` rows; ``shapes`` lists each one's (n, k)."""
+        if tokens <= 0 or times <= 0:
+            return
+        flops = 2.0 * tokens * params
+        nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
+        k_sum = sum(k for _, k in shapes) if shapes is not None else in_width
+        quant = 1.0
+        fit = self._fits.get(label)
+        if fit is not None and fit.tile_m:
+            # Each GEMM of the group has its own tiles: FLOP-weighted multiplier.
+            gemms = shapes if shapes is not None else ((params / in_width, in_width),)
+            quant = (sum(n * k * self._quant(label, (1.0, tokens, n, k)) for n, k in gemms)
+                     / sum(n * k for n, k in gemms))
+        self._op(acc, flops, nbytes, kernels, times, label,
+                 (tokens, shapes) if shapes is not None else None, tokens, tokens * k_sum,
+                 float(quant))
+
+    def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
+        link = self.links.tp
+        if link is None:
+            return
+        # The engine's own measured all-reduce where the group stays on the scale-up link.
+        curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
+        seconds = curve.seconds(nbytes) if curve is not None else None
+        if seconds is None:
+            seconds = allreduce_time(nbytes, ranks, link)
+        acc.add_comm(seconds * times, "allreduce")
+
+    def _layers(self, acc: _Acc, b: BatchShape, count: float, *, moe: bool,
+                decode_attention: bool = True) -> None:
+        if count <= 0:
+            return
+        m, par = self.model, self.parallelism
+        t, h, tokens = par.tp, m.hidden_size, b.tokens
+        # Attention projections (QKV + output) as one weight-streaming group of GEMMs.
+        self._gemm(acc, tokens, self._attn_params, self._attn_out, 2 * h, count, kernels=2,
+                   label="gemm_attention", shapes=self._attn_shapes)
+        self._attention(acc, b, count, decode_attention)
+        if moe:
+            self._moe(acc, b, count)
+        else:
+            self._gemm(acc, tokens, self._ffn_params, 2 * self._ffn_width, 2 * h, count,
+                       kernels=2, label="gemm_ffn", shapes=self._ffn_shapes)
+        # Norms, residual adds, rotary, activation: bandwidth-bound elementwise kernels.
+        ffn_width = (m.moe_intermediate_size * m.num_experts_per_token if moe
+                     else m.intermediate_size) / t
+        elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
+        self._op(acc, 0.0, elem_bytes, 3, count, "elementwise")
+        if t > 1:
+            self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
+
+    def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
+        m, t = self.model, self.parallelism.tp
+        heads = m.num_attention_heads / t
+        kv_elems = self.kv_elements_per_token_per_layer_device()
+        io_width = (m.q_width + m.attn_out_width) / t
+        if b.prefill_tokens:
+            if m.attention == "mla":
+                per_pair = 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+            else:
+                per_pair = 4 * heads * m.head_dim
+            flops = per_pair * b.prefill_attn_pairs
+            nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
+            # Prefill tiles: query rows of each (sequence, head), sequences of equal length.
+            quant = self._quant("attention_prefill", (b.prefill_seqs * heads,
+                                                      b.prefill_tokens / b.prefill_seqs, 1.0,
+                                                      m.head_dim))
+            self._op(acc, flops, nbytes, 1, count, "attention_prefill", b,
+                     b.prefill_seqs * heads, b.prefill_tokens * heads, float(quant))
+        if b.decode_seqs and decode:
+            flops, nbytes, units, quant = self._decode_attention_op(b.decode_seqs,
+                                                                    b.decode_ctx_tokens)
+            fit = self._fits.get("attention_decode")
+            self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
+                     float(units), b.decode_seqs * (self._decode_row_heads(fit) if fit else heads),
+                     float(quant))
+
+    def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
+        m, par = self.model, self.parallelism
+        h, tokens = m.hidden_size, b.tokens
+        expert_params = m.ffn_params(m.moe_intermediate_size) / par.expert_tp
+        experts_here = (m.num_experts + self.redundant_experts) / par.ep
+        # With DP attention ``tokens`` is one rank's; the EP group routes all ranks' tokens.
+        group_tokens = tokens * par.dp
+        routed = group_tokens * m.num_experts_per_token
+        # Expected experts hit by at least one token, on the busiest device.
+        p_hit = 1.0 - (1.0 - m.num_experts_per_token / m.num_experts) ** group_tokens
+        touched = experts_here * p_hit
+        tokens_here = routed / par.ep * self.moe_imbalance
+        width = m.moe_intermediate_size / par.expert_tp
+        flops = 2.0 * tokens_here * expert_params
+        nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
+        # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
+        quant = self._quant("moe", (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
+        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, tokens * h,
+                 float(quant))
+        # Router GEMM and shared experts are dense, TP-sharded.
+        shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
+        router = h * m.num_experts
+        self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1,
+                   label="gemm_moe_dense")
+        if par.dp > 1 and self.ep_group is not None:
+            kernel = deepep_kernel(self.deepep_mode, extend_tokens(b))
+            acc.add_comm(moe_exchange_seconds(
+                kernel, tokens, h, m.num_experts, m.num_experts_per_token, self.ep_group,
+                self.moe_imbalance) * count, "moe_alltoall")
+            return
+        # TP attention: the layer's all-reduce already combines the experts' outputs
+        # (moe_token_exchange_time("tp", ...) is zero), so EP sends nothing of its own.
+
+    def _lm_head(self, acc: _Acc, b: BatchShape) -> None:
+        m, t = self.model, self.parallelism.tp
+        if b.logits_seqs <= 0:
+            return
+        params = m.vocab_size * m.hidden_size / t
+        self._gemm(acc, b.logits_seqs, params, m.vocab_size / t, m.hidden_size, 1,
+                   label="lm_head", shapes=((m.vocab_size / t, m.hidden_size),))
+

@@ -1,0 +1,141 @@
+"""Measured operator samples for :mod:`simulator.validation.kernel_fit`.
+
+Each reader turns one of NVIDIA AIConfigurator's per-operator tables (``gemm_perf``,
+``context_attention_perf``, ``generation_attention_perf``, ``moe_perf``) into the work the
+roofline prices (FLOPs, bytes, parallel units, per-row work), the tile shape its wave
+quantisation counts (:func:`simulator.cost.roofline.quantisation`), the measured seconds and
+the leave-shapes-out mask. Nothing else in the package is opened.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.cost.roofline import decode_units
+from simulator.runner.kernel_tables import plain_attention
+from simulator.units import bytes_per_element
+
+HOLDOUT_SHARE = 0.25
+_KV = {"bfloat16": "bf16", "fp8": "fp8"}
+_GEMM = {"bfloat16": ("gemm", "bf16"), "fp8": ("gemm_fp8", "fp8"), "nvfp4": ("gemm_fp4", "fp4")}
+
+
+@dataclass(frozen=True)
+class Samples:
+    """One operator family's measurements: work, precision, time and hold-out mask."""
+
+    op: str
+    precision: str
+    flops: np.ndarray
+    nbytes: np.ndarray
+    units: np.ndarray
+    rows: np.ndarray
+    seconds: np.ndarray
+    held_out: np.ndarray
+    source: str
+    kv_rows: np.ndarray | None = None
+    """Decode attention: the per-row work counted per (sequence, KV head) instead."""
+    tiles: tuple[np.ndarray, ...] | None = None
+    """The tile shape wave quantisation counts: ``(groups, m, n, k)`` (GEMM: 1, m, n, k;
+    prefill attention: sequences x heads, query rows, 1, head dim; MoE: experts hit, tokens
+    per expert hit, gate+up columns, hidden size), or for decode attention ``(sequences,
+    context tokens, KV heads)``."""
+
+    @property
+    def decode(self) -> bool:
+        return self.op == "attention_decode"
+
+
+def _held_out(keys: pd.Series) -> np.ndarray:
+    """Stable per-shape split: crc32 of the shape key, a quarter of the distinct keys."""
+    codes = {k: zlib.crc32(k.encode()) % 1000 < HOLDOUT_SHARE * 1000 for k in keys.unique()}
+    return keys.map(codes).to_numpy(bool)
+
+
+def gemm_samples(folder: Path) -> list[Samples]:
+    g = pd.read_parquet(folder / "gemm_perf.parquet")
+    out = []
+    for dtype, (op, precision) in _GEMM.items():
+        part = g[g["gemm_dtype"] == dtype]
+        if part.empty:
+            continue
+        part = part.groupby(["m", "n", "k"])["latency"].min().reset_index()
+        m, n, k = (part[c].to_numpy(float) for c in ("m", "n", "k"))
+        b = bytes_per_element(precision)
+        nbytes = (m * k + k * n) * b + m * n * 2.0
+        keys = part["n"].astype(str) + "x" + part["k"].astype(str)
+        out.append(Samples(op, precision, 2 * m * n * k, nbytes, m, m * k,
+                           part["latency"].to_numpy(float) * 1e-3, _held_out(keys),
+                           f"{folder}/gemm_perf.parquet ({dtype})",
+                           tiles=(np.ones_like(m), m, n, k)))
+    return out
+
+
+def attention_samples(folder: Path) -> list[Samples]:
+    out = []
+    for name, op in (("context_attention_perf.parquet", "attention_prefill"),
+                     ("generation_attention_perf.parquet", "attention_decode")):
+        if not (folder / name).is_file():
+            continue
+        a = plain_attention(pd.read_parquet(folder / name))
+        a = a[a["kv_cache_dtype"].isin(_KV)]
+        shape = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
+                 "kv_cache_dtype"]
+        a = a.groupby(shape)["latency"].min().reset_index()
+        batch, isl, step, heads, kvh, hd = (a[c].to_numpy(float) for c in shape[:6])
+        kvb = a["kv_cache_dtype"].map({"bfloat16": 2.0, "fp8": 1.0}).to_numpy(float)
+        tiles: tuple[np.ndarray, ...]
+        if op == "attention_prefill":
+            pairs = isl * (isl + 1) / 2
+            flops = 4 * heads * hd * pairs * batch
+            nbytes = batch * isl * (2 * kvh * hd * kvb + 2 * heads * hd * 2)
+            units, rows = batch * heads, batch * isl * heads
+            tiles = (batch * heads, isl, np.ones_like(isl), hd)
+        else:
+            kv = isl + step
+            flops = 4 * heads * hd * kv * batch
+            nbytes = batch * (kv * 2 * kvh * hd * kvb + 2 * heads * hd * 2)
+            units, rows = decode_units(batch, batch * kv, kvh), batch * heads
+            tiles = (batch, batch * kv, kvh)
+        keys = (a["num_heads"].astype(str) + "/" + a["num_key_value_heads"].astype(str) + "/"
+                + a["head_dim"].astype(str))
+        out.append(Samples(op, "bf16", flops, nbytes, units, rows, a["latency"].to_numpy(float) * 1e-3,
+                           _held_out(keys), f"{folder}/{name}",
+                           batch * kvh if op == "attention_decode" else None, tiles))
+    return out
+
+
+def moe_samples(folder: Path) -> list[Samples]:
+    path = folder / "moe_perf.parquet"
+    if not path.is_file():
+        return []
+    mo = pd.read_parquet(path)
+    mo = mo[(mo["distribution"] == "balanced") & mo["moe_dtype"].isin(["bfloat16", "fp8"])]
+    shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
+             "moe_ep_size", "moe_dtype"]
+    mo = mo.groupby(shape)["latency"].min().reset_index()
+    out = []
+    for dtype, precision in (("bfloat16", "bf16"), ("fp8", "fp8")):
+        p = mo[mo["moe_dtype"] == dtype]
+        if p.empty:
+            continue
+        tokens, h, inter, topk, experts, tp, ep = (p[c].to_numpy(float) for c in shape[:7])
+        expert = 3 * h * inter / tp
+        experts_here = experts / ep
+        p_hit = 1.0 - (1.0 - topk / experts) ** tokens
+        tokens_here = tokens * topk / ep
+        flops = 2 * tokens_here * expert
+        nbytes = (experts_here * p_hit * expert * bytes_per_element(precision)
+                  + tokens_here * (2 * h + 2 * inter / tp) * 2)
+        keys = p[shape[1:7]].astype(str).agg("/".join, axis=1)
+        touched = experts_here * p_hit
+        out.append(Samples("moe" if precision == "bf16" else "moe_fp8", precision, flops,
+                           nbytes, tokens_here, tokens * h, p["latency"].to_numpy(float) * 1e-3,
+                           _held_out(keys), f"{path} ({dtype}, balanced)",
+                           tiles=(touched, tokens_here / touched, 2 * inter / tp, h)))
+    return out
