@@ -92,8 +92,12 @@ class OperatorFit(_Frozen):
     GEMM quantises; attention query rows)::
 
         fill = U / (U + half_units)              # too few units leave SMs idle
-        t = max((F / fill + half_flops) / (peak * compute),
+        t = max((F * q + F * (1 / fill - 1) + half_flops) / (peak * compute),
                 (B / fill + half_bytes) / (bw * memory)) + floor + R * per_row_ps
+
+    ``q`` is the tile/wave multiplier of the FLOPs (``tile_m``; 1 without it): waves x SMs
+    over the exact tile count, computed by :func:`simulator.cost.roofline.quantisation`
+    from the operator's shape and the device's ``sm_count``.
 
     Zero work costs nothing. With work growing with the units it spreads over (F, B
     proportional to U) the time never decreases, so the step stays monotone in its batch.

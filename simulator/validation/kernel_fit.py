@@ -41,6 +41,7 @@ from simulator.hardware.registry import device_names, load_device, profiles_dir
 from simulator.runner.kernel_tables import _pick_version, package_version, tables_root
 from simulator.validation.calibrate import levenberg_marquardt
 from simulator.validation.kernel_fit_comm import _ape, allreduce_curves
+from simulator.validation.kernel_fit_report import interpolation_errors
 from simulator.validation.kernel_fit_samples import (
     HOLDOUT_SHARE,
     Samples,
@@ -79,10 +80,18 @@ def _exp(v: float) -> float:
     return math.exp(min(v, 40.0))
 
 
+NO_FILL = ("gemm", "gemm_fp8", "gemm_fp4")
+"""Families fitted without the parallel-units fill term ``bytes * (units + half_units) /
+units``: their bytes hold a fixed weight stream, so it would fall as rows are added (a
+larger batch priced faster). Tiled fits of the other families but decode attention drop it
+too (:func:`fit`): tile/wave quantisation describes their under-filled SMs instead."""
+
+
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
-            split_k: bool = False) -> OperatorFit:
+            split_k: bool = False, fill: bool = True) -> OperatorFit:
     return OperatorFit(compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
-                       half_bytes=_exp(x[3]), floor_us=_exp(x[4]), half_units=_exp(x[5]),
+                       half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
+                       half_units=_exp(x[5]) if fill else 0.0,
                        per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
                        split_k=split_k)
 
@@ -130,9 +139,10 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     f, b, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.rows))
     u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k), device, idx)
     log_t = np.log(samples.seconds[idx])
+    fill = samples.op not in NO_FILL and (not tile_m or samples.decode)
 
     def residual(x: np.ndarray) -> np.ndarray:
-        model = _to_fit(x, 0, tile_m, tile_n, split_k)
+        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill)
         return np.log(model.seconds(peak, bw, f, b, u, r, q)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
@@ -155,49 +165,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
             return residual(z) * w
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
-    return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k))
-
-
-def interpolation_errors(root: Path, device: DeviceProfile, engine: str,
-                         version: str | None = None) -> list[dict[str, Any]]:
-    """How well ``cost.predictor: tables`` interpolates between measured points.
-
-    Every other grid value along the batch axis (GEMM ``m``, attention sequence length /
-    context) is dropped, the table is rebuilt from the rest and the dropped points are
-    looked up: the error of the log-log interpolation at the points it did not see.
-    """
-    from simulator.cost.tables import GridTable
-    from simulator.runner.kernel_tables import read_tables
-
-    assert device.kernel_tables is not None
-    full = read_tables(root, device.kernel_tables, engine, version)
-    out = []
-    families: list[tuple[str, dict[Any, GridTable], int]] = [
-        ("gemm", dict(full.gemm), 0), ("attention_prefill", dict(full.context_attention), 1),
-        ("attention_decode", dict(full.generation_attention), 1)]
-    for name, tables, axis in families:
-        apes: list[float] = []
-        for table in tables.values():
-            values = table.axes[axis]
-            if len(values) < 3:
-                continue
-            keep = np.ones(len(values), bool)
-            keep[1:-1:2] = False  # interior points only: never extrapolate
-            axes = list(table.axes)
-            axes[axis] = values[keep]
-            reduced = GridTable(tuple(axes), np.compress(keep, table.seconds, axis=axis))
-            dropped = np.compress(~keep, table.seconds, axis=axis)
-            for idx in zip(*np.nonzero(np.isfinite(dropped)), strict=True):
-                point = [float(table.axes[d][i]) if d != axis else float(values[~keep][i])
-                         for d, i in enumerate(idx)]
-                got = reduced.lookup(point)
-                if got is not None:
-                    apes.append(abs(got / float(dropped[idx]) - 1) * 100)
-        if apes:
-            out.append({"device": device.name, "engine": engine, "op": name, "points": len(apes),
-                        "median_ape": round(float(np.median(apes)), 1),
-                        "p90_ape": round(float(np.percentile(apes, 90)), 1)})
-    return out
+    return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill))
 
 
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
@@ -223,7 +191,16 @@ def evaluate(samples: Samples, device: DeviceProfile, fitted: OperatorFit) -> di
             "median_ape_before": round(float(np.median(_ape(before, t))), 1),
             "median_ape_after": round(float(np.median(_ape(after, t))), 1),
             "p90_ape_after": round(float(np.percentile(_ape(after, t), 90)), 1),
-            "median_error_after": round(float(np.median(after / t - 1) * 100), 1)}
+            "median_error_after": round(float(np.median(after / t - 1) * 100), 1),
+            "tiles": tile_label(fitted)}
+
+
+def tile_label(fitted: OperatorFit) -> str:
+    """The fit's tile choice as the tables print it: ``128x64``, ``+split-K``, ``-`` (none)."""
+    if not fitted.tile_m:
+        return "-"
+    size = f"{fitted.tile_m}x{fitted.tile_n}" if fitted.tile_n else f"{fitted.tile_m}"
+    return size + ("+split-K" if fitted.split_k else "")
 
 
 def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, OperatorFit]:
@@ -333,7 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", help="Engine version of the tables (default: newest).")
     parser.add_argument("--device", action="append", help="Device profile(s) (default: all).")
     parser.add_argument("--write", action="store_true", help="Write the fits into the profiles.")
-    parser.add_argument("--json", type=Path, help="Write the error table as JSON.")
+    parser.add_argument("--json", type=Path, help=(
+        "Write the error table into this JSON file, under the engine's name (other engines "
+        "already in the file are kept; docs/kernel_fit_errors.json holds all three)."))
     parser.add_argument("--markdown", action="store_true", help="Print the error table.")
     parser.add_argument("--interpolation", action="store_true", help=(
         "Also print the tables predictor's interpolation error on dropped grid points."))
@@ -358,14 +337,17 @@ def main(argv: list[str] | None = None) -> None:
             if device.kernel_tables and (root / device.kernel_tables).is_dir():
                 for row in interpolation_errors(root, device, args.engine, args.version):
                     print(row)
-    if args.json:
-        args.json.write_text(json.dumps(table, indent=1) + "\n")
+    if args.json:  # one list per engine; a file holding other engines keeps them
+        old = json.loads(args.json.read_text()) if args.json.is_file() else {}
+        merged = old if isinstance(old, dict) else {}
+        merged[args.engine] = table
+        args.json.write_text(json.dumps(merged, indent=1) + "\n")
     if args.markdown or not args.json:
         cols = ("device", "engine", "op", "fit_rows", "held_out_rows", "median_ape_before",
-                "median_ape_after", "p90_ape_after", "median_error_after", "kept")
+                "median_ape_after", "p90_ape_after", "median_error_after", "tiles", "kept")
         print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
         for r in table:
-            print("| " + " | ".join(str(r[c]) for c in cols) + " |")
+            print("| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |")
 
 
 if __name__ == "__main__":

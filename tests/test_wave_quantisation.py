@@ -1,0 +1,149 @@
+"""Tile and wave quantisation of the fitted per-operator roofline (OperatorFit.tile_m)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cost import BatchShape, InstanceCostModel
+from simulator.cost.roofline import (
+    decode_tiles,
+    gemm_tiles,
+    quantisation,
+    tile_m_for,
+    wave_factor,
+)
+from simulator.hardware import load_device
+from simulator.hardware.profiles import DeviceProfile, OperatorFit, OperatorFits
+from simulator.models import get_model
+
+H100 = load_device("H100-SXM")
+SMS = 132
+TILED = OperatorFit(compute=0.7, half_flops=1e8, memory=0.8, half_bytes=1e6, half_units=4.0,
+                    floor_us=3.0, per_row_ps=1.0, tile_m=128, tile_n=128)
+
+
+def test_one_tile_past_a_full_wave_costs_a_second_wave() -> None:
+    whole, exact, split = gemm_tiles(1, 128, 128 * 132, 4096, 128, 128)
+    assert whole == 132
+    assert wave_factor(whole, exact, SMS, split) == pytest.approx(1.0)
+    whole, exact, split = gemm_tiles(1, 128, 128 * 133, 4096, 128, 128)
+    assert whole == 133
+    assert wave_factor(whole, exact, SMS, split) == pytest.approx(2 * 132 / 133)
+
+
+def test_small_batches_select_small_tiles_and_pay_their_padding() -> None:
+    assert tile_m_for(1, 128) == 16
+    assert tile_m_for(20, 128) == 32
+    assert tile_m_for(5000, 128) == 128
+    # m = 20 in a 32-row tile: 12 padding rows are computed too (one wave of 8 tiles).
+    whole, exact, split = gemm_tiles(1, 20, 1024, 4096, 128, 128)
+    assert whole == 8
+    assert wave_factor(whole, exact, SMS, split) == pytest.approx(132 / (8 * 20 / 32))
+
+
+def test_split_k_fills_the_idle_sms_of_a_small_gemm() -> None:
+    whole, exact, split = gemm_tiles(1, 128, 10 * 128, 8192, 128, 128, split_k=True)
+    assert whole == 10
+    # 13 k-slices per tile: 130 blocks in one wave, 2 SMs idle.
+    assert wave_factor(whole, exact, SMS, split) == pytest.approx(132 / 130)
+    no_split = gemm_tiles(1, 128, 10 * 128, 8192, 128, 128)
+    assert wave_factor(*no_split[:2], SMS) == pytest.approx(13.2)
+
+
+def test_decode_blocks_are_split_kv_partitions() -> None:
+    whole, exact = decode_tiles(2, 2 * 1000, 8, 512)
+    assert whole == 8 * 4
+    assert exact == pytest.approx(8 * 2000 / 512)
+    whole, _ = decode_tiles(64, 64 * 100, 8, 512)
+    assert whole == 8 * 64  # short contexts: one block per sequence and KV head
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 20_000), st.integers(1, 4096), st.sampled_from([32, 512, 4096, 65536]),
+       st.sampled_from([32, 1024, 8192]), st.sampled_from([64, 128, 256]),
+       st.sampled_from([64, 128, 256]), st.booleans())
+def test_gemm_time_never_decreases_with_m(m: int, dm: int, n: int, k: int, tm: int, tn: int,
+                                          split: bool) -> None:
+    # GEMMs are fitted without the fill term (kernel_fit.NO_FILL): their fixed weight bytes
+    # times (units + half_units) / units would fall as rows are added.
+    fit = TILED.model_copy(update={"tile_m": tm, "tile_n": tn, "split_k": split,
+                                   "half_units": 0.0})
+    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
+
+    def seconds(rows: int) -> float:
+        q = quantisation(fit, (1.0, rows, n, k), SMS)
+        flops, nbytes = 2.0 * rows * n * k, 2.0 * (rows * k + n * k + rows * n)
+        return float(fit.seconds(peak, bw, flops, nbytes, rows, rows * k, q))
+
+    assert seconds(m + dm) >= seconds(m) * (1 - 1e-12)
+
+
+def _tiled_h100() -> DeviceProfile:
+    # Tiled fits carry no fill term but in decode attention (kernel_fit.fit).
+    fits = {op: TILED.model_copy(update={"half_units": 0.0})
+            for op in ("gemm", "attention_prefill", "moe")}
+    fits["attention_decode"] = TILED.model_copy(update={"tile_m": 256, "tile_n": 0})
+    return H100.model_copy(update={"operators": {"vllm": OperatorFits(source="t", fits=fits)}})
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["Llama-3.1-8B", "Mixtral-8x7B"]), st.integers(0, 512),
+       st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300), st.integers(0, 4096))
+def test_a_tiled_step_never_decreases_as_its_batch_grows(model: str, new: int, ctx: int,
+                                                          d_ctx: int, more_new: int,
+                                                          more_ctx: int) -> None:
+    cm = InstanceCostModel(get_model(model), _tiled_h100(), engine="vllm", fitted=True)
+    assert cm._fits["gemm_ffn"].tile_m or cm._fits["moe"].tile_m
+    small = BatchShape.build([(new, ctx, True)], [d_ctx])
+    big = BatchShape.build([(new + more_new, ctx, True)], [d_ctx + more_ctx])
+    more_seqs = BatchShape.build([(new, ctx, True)], [d_ctx, d_ctx])
+    t0 = cm.step(small).seconds
+    assert cm.step(big).seconds >= t0 * (1 - 1e-12)
+    assert cm.step(more_seqs).seconds >= t0 * (1 - 1e-12)
+
+
+def test_tiles_change_the_step_and_decode_series_agrees() -> None:
+    m8 = get_model("Llama-3.1-8B")
+    tiled = InstanceCostModel(m8, _tiled_h100(), engine="vllm", fitted=True)
+    flat = H100.model_copy(update={"operators": {"vllm": OperatorFits(source="t", fits={
+        op: TILED.model_copy(update={"tile_m": 0, "tile_n": 0})
+        for op in ("gemm", "attention_prefill", "attention_decode", "moe")})}})
+    plain = InstanceCostModel(m8, flat, engine="vllm", fitted=True)
+    prefill = BatchShape.prefill(3000)
+    assert tiled.step(prefill).seconds > plain.step(prefill).seconds
+    ctx = np.array([1000, 5000, 100_000])
+    series = tiled.decode_series(48, ctx)
+    for j, c in enumerate(ctx):
+        assert series.seconds[j] == pytest.approx(
+            tiled.step(BatchShape.decode(48, int(c))).seconds, rel=1e-9)
+
+
+def test_a_tiled_fit_needs_the_devices_sm_count() -> None:
+    fits = OperatorFits(source="t", fits={"gemm": TILED})
+    data = H100.model_dump() | {"sm_count": None, "operators": {"vllm": fits.model_dump()}}
+    with pytest.raises(ValueError, match="sm_count"):
+        DeviceProfile.model_validate(data)
+
+
+def test_kernel_fit_picks_the_tiles_that_made_the_data() -> None:
+    """Synthetic GEMM timings from a 128 x 64 tiled fit: the fit chooses those tiles from
+    its training shapes and predicts the held-out weight shapes."""
+    from simulator.validation.kernel_fit import Samples, evaluate, fit_family
+
+    true = TILED.model_copy(update={"tile_n": 64, "half_units": 0.0})
+    rng = np.random.default_rng(2)
+    m = rng.integers(1, 8192, 900).astype(float)
+    n = rng.choice([1024.0, 2560.0, 4096.0, 6144.0, 14336.0], 900)
+    k = rng.choice([1024.0, 4096.0, 8192.0], 900)
+    flops, nbytes = 2 * m * n * k, (m * k + k * n) * 2 + m * n * 2
+    q = quantisation(true, (np.ones_like(m), m, n, k), SMS)
+    seconds = true.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth, flops, nbytes, m,
+                           m * k, q)
+    samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, n == 2560.0,
+                      "synthetic", tiles=(np.ones_like(m), m, n, k))
+    _, fitted = fit_family(samples, H100)
+    assert (fitted.tile_m, fitted.tile_n) == (128, 64)
+    assert evaluate(samples, H100, fitted)["median_ape_after"] < 1.0
