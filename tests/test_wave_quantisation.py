@@ -53,6 +53,16 @@ def test_split_k_fills_the_idle_sms_of_a_small_gemm() -> None:
     assert wave_factor(*no_split[:2], SMS) == pytest.approx(13.2)
 
 
+def test_each_tile_pays_its_fixed_work_once_per_k_slice() -> None:
+    # 10 tiles of depth 8192 with 512 of fixed work each; split-K cuts each into 13 slices,
+    # and every slice pays the fixed work.
+    whole, exact, split = gemm_tiles(1, 128, 10 * 128, 8192, 128, 128, split_k=True)
+    assert wave_factor(whole, exact, SMS, split, 512 / 8192) == pytest.approx(
+        132 / 130 * (1 + 13 * 512 / 8192))
+    fit = TILED.model_copy(update={"tile_k0": 512})
+    assert quantisation(fit, (1, 128, 132 * 128, 4096), SMS) == pytest.approx(1 + 512 / 4096)
+
+
 def test_decode_blocks_are_split_kv_partitions() -> None:
     whole, exact = decode_tiles(2, 2 * 1000, 8, 512)
     assert whole == 8 * 4
@@ -70,7 +80,7 @@ def test_gemm_time_never_decreases_with_m(m: int, dm: int, n: int, k: int, tm: i
     # GEMMs are fitted without the fill term (kernel_fit.NO_FILL): their fixed weight bytes
     # times (units + half_units) / units would fall as rows are added.
     fit = TILED.model_copy(update={"tile_m": tm, "tile_n": tn, "split_k": split,
-                                   "half_units": 0.0})
+                                   "half_units": 0.0, "tile_k0": 512})
     peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
 
     def seconds(rows: int) -> float:
@@ -129,11 +139,11 @@ def test_a_tiled_fit_needs_the_devices_sm_count() -> None:
 
 
 def test_kernel_fit_picks_the_tiles_that_made_the_data() -> None:
-    """Synthetic GEMM timings from a 128 x 64 tiled fit: the fit chooses those tiles from
-    its training shapes and predicts the held-out weight shapes."""
+    """Synthetic GEMM timings from a 128 x 64 tiled fit with 256 of per-tile fixed work: the
+    fit chooses those from its training shapes and predicts the held-out weight shapes."""
     from simulator.validation.kernel_fit import Samples, evaluate, fit_family
 
-    true = TILED.model_copy(update={"tile_n": 64, "half_units": 0.0})
+    true = TILED.model_copy(update={"tile_n": 64, "half_units": 0.0, "tile_k0": 256})
     rng = np.random.default_rng(2)
     m = rng.integers(1, 8192, 900).astype(float)
     n = rng.choice([1024.0, 2560.0, 4096.0, 6144.0, 14336.0], 900)
@@ -145,5 +155,5 @@ def test_kernel_fit_picks_the_tiles_that_made_the_data() -> None:
     samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, n == 2560.0,
                       "synthetic", tiles=(np.ones_like(m), m, n, k))
     _, fitted = fit_family(samples, H100)
-    assert (fitted.tile_m, fitted.tile_n) == (128, 64)
+    assert (fitted.tile_m, fitted.tile_n, fitted.tile_k0) == (128, 64, 256)
     assert evaluate(samples, H100, fitted)["median_ape_after"] < 1.0

@@ -132,20 +132,23 @@ def decode_tiles(seqs: Any, ctx_tokens: Any, kv_heads: Any, split: int) -> tuple
     return whole, kv_heads * np.maximum(seqs, ctx / split)
 
 
-def wave_factor(whole: Any, exact: Any, sms: int, max_split: Any = 1.0) -> Any:
-    """``waves * SMs / (exact tiles * split)``, with ``waves = ceil(whole tiles * split / SMs)``:
-    the multiplier of an operator's FLOPs for the idle SMs of its last wave and the padding
-    of its partial tiles (1 for a kernel of full tiles filling whole waves).
+def wave_factor(whole: Any, exact: Any, sms: int, max_split: Any = 1.0,
+                overhead: Any = 0.0) -> Any:
+    """``waves * SMs / (exact tiles * split) * (1 + overhead * split)``, with ``waves =
+    ceil(whole tiles * split / SMs)``: the multiplier of an operator's FLOPs for the idle SMs
+    of its last wave and the padding of its partial tiles (1 for a kernel of full tiles
+    filling whole waves).
 
     ``split`` (at most ``max_split``; 1 without split-K) is ``floor(SMs / whole tiles)`` for
-    a kernel of fewer tiles than SMs. The FLOPs times this factor are ``waves * SMs / split
-    * (FLOPs per tile)``, which never decreases as tiles are added, so a fitted step stays
-    monotone in its batch.
+    a kernel of fewer tiles than SMs. ``overhead`` is each block's fixed work relative to its
+    full depth (``tile_k0 / k``: pipeline fill and epilogue), paid once per k-slice. The
+    FLOPs times this factor are ``waves * SMs * (FLOPs of one block)``, which never
+    decreases as tiles are added, so a fitted step stays monotone in its batch.
     """
     whole = np.maximum(whole, 1.0)
     split = np.clip(np.floor(sms / whole), 1.0, np.floor(max_split))
     waves = np.ceil(whole * split / sms)
-    return waves * sms / (np.maximum(exact, 1e-9) * split)
+    return waves * sms / (np.maximum(exact, 1e-9) * split) * (1.0 + overhead * split)
 
 
 def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | None,
@@ -163,4 +166,5 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
         return wave_factor(whole, exact, sms)
     groups, m, n, k = shape
     whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k)
-    return wave_factor(whole, exact, sms, max_split)
+    overhead = fit.tile_k0 / np.maximum(np.asarray(k, dtype=float), 1.0) if fit.tile_k0 else 0.0
+    return wave_factor(whole, exact, sms, max_split, overhead)

@@ -128,6 +128,9 @@ class OperatorFit(_Frozen):
     split_k: bool = Field(False, description=(
         "GEMM and grouped MoE: a kernel of fewer tiles than SMs splits k over the idle SMs "
         "(cuBLAS split-K, CUTLASS stream-K) instead of leaving them idle."))
+    tile_k0: int = Field(0, ge=0, description=(
+        "GEMM and grouped MoE: fixed work of each tile (or k-slice) in units of k, its "
+        "mainloop pipeline fill and epilogue: a tile of depth k costs as k + tile_k0."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,

@@ -66,6 +66,9 @@ TILE_CHOICES: dict[str, tuple[tuple[int, int, bool], ...]] = {
 training shapes only. GEMM-like families (BF16/FP8/FP4 GEMM, MoE) tile ``m`` and ``n``, with
 or without split-K; prefill attention tiles the query rows of each (sequence, head); decode
 attention's tile is its split-KV partition in context tokens."""
+K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
+"""Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
+tiles are chosen."""
 
 
 def tile_choices(op: str) -> tuple[tuple[int, int, bool], ...]:
@@ -88,12 +91,12 @@ too (:func:`fit`): tile/wave quantisation describes their under-filled SMs inste
 
 
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
-            split_k: bool = False, fill: bool = True) -> OperatorFit:
+            split_k: bool = False, fill: bool = True, tile_k0: int = 0) -> OperatorFit:
     return OperatorFit(compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
                        half_units=_exp(x[5]) if fill else 0.0,
                        per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
-                       split_k=split_k)
+                       split_k=split_k, tile_k0=tile_k0 if tile_m else 0)
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -125,11 +128,11 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        memory=round(f.memory, 4), half_bytes=sig4(f.half_bytes),
                        half_units=sig4(f.half_units), floor_us=round(f.floor_us, 3),
                        per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
-                       tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k)
+                       tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
-        split_k: bool = False) -> OperatorFit:
+        split_k: bool = False, tile_k0: int = 0) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
@@ -137,12 +140,13 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f, b, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.rows))
-    u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k), device, idx)
+    u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k, True, tile_k0),
+                 device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.op not in NO_FILL and (not tile_m or samples.decode)
 
     def residual(x: np.ndarray) -> np.ndarray:
-        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill)
+        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0)
         return np.log(model.seconds(peak, bw, f, b, u, r, q)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
@@ -165,7 +169,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
             return residual(z) * w
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
-    return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill))
+    return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
+                            tile_k0))
 
 
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
@@ -200,7 +205,8 @@ def tile_label(fitted: OperatorFit) -> str:
     if not fitted.tile_m:
         return "-"
     size = f"{fitted.tile_m}x{fitted.tile_n}" if fitted.tile_n else f"{fitted.tile_m}"
-    return size + ("+split-K" if fitted.split_k else "")
+    return (size + ("+split-K" if fitted.split_k else "")
+            + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
 
 
 def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, OperatorFit]:
@@ -217,14 +223,25 @@ def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, Operato
     tiles = (tile_choices(family.op) if device.sm_count and family.tiles is not None
              else ((0, 0, False),))
     best: tuple[float, Samples, OperatorFit] | None = None
+
+    def consider(samples: Samples, unit: str, fitted: OperatorFit) -> None:
+        nonlocal best
+        if unit != "query_head":
+            fitted = fitted.model_copy(update={"row_unit": unit})
+        score = training_ape(samples, device, fitted)
+        if best is None or score < best[0]:
+            best = (score, samples, fitted)
+
     for samples, unit in variants:
         for tile_m, tile_n, split_k in tiles:
-            fitted = fit(samples, device, tile_m, tile_n, split_k)
-            if unit != "query_head":
-                fitted = fitted.model_copy(update={"row_unit": unit})
-            score = training_ape(samples, device, fitted)
-            if best is None or score < best[0]:
-                best = (score, samples, fitted)
+            consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k))
+    assert best is not None
+    # GEMM-like families: the per-tile fixed work, given the chosen tiles.
+    chosen: OperatorFit = best[2]
+    if chosen.tile_n:
+        for k0 in K0_CHOICES[1:]:
+            consider(best[1], chosen.row_unit, fit(best[1], device, chosen.tile_m, chosen.tile_n,
+                                                   chosen.split_k, k0))
     assert best is not None
     return best[1], best[2]
 
@@ -286,7 +303,7 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             dumped = f.model_dump()
             if dumped["row_unit"] == "query_head":  # the default: keep the lines short
                 del dumped["row_unit"]
-            for off in ("tile_m", "tile_n", "split_k"):
+            for off in ("tile_m", "tile_n", "split_k", "tile_k0"):
                 if not dumped[off]:
                     del dumped[off]
             fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"

@@ -92,8 +92,16 @@ def device_table(rows: Rows, previous: Rows, engine: str) -> list[str]:
     return out
 
 
+def _by_device(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Per device, the median of ``key`` over its rows (all-reduce: over group sizes)."""
+    devices: dict[str, list[float]] = {}
+    for r in rows:
+        devices.setdefault(r["device"], []).append(r[key])
+    return {d: float(np.median(v)) for d, v in devices.items()}
+
+
 def _median(rows: list[dict[str, Any]], key: str) -> float:
-    return round(float(np.median([r[key] for r in rows])), 1)
+    return round(float(np.median(list(_by_device(rows, key).values()))), 1)
 
 
 def summary_table(rows: Rows, previous: Rows) -> list[str]:
@@ -108,8 +116,9 @@ def summary_table(rows: Rows, previous: Rows) -> list[str]:
             old.setdefault(_family(r["op"]), []).append(r)
         for fam, part in families.items():
             prev = f"{_median(old[fam], 'median_ape_after')}" if fam in old else "–"
-            met = sum(r["median_ape_after"] <= 10 for r in part)
-            out.append(f"| {engine} | {fam} | {len(part)} | {_median(part, 'median_ape_before')} "
+            after = _by_device(part, "median_ape_after")
+            met = sum(v <= 10 for v in after.values())
+            out.append(f"| {engine} | {fam} | {len(after)} | {_median(part, 'median_ape_before')} "
                        f"| {prev} | **{_median(part, 'median_ape_after')}** | {met} |")
     return out
 
