@@ -77,8 +77,8 @@ def test_decode_blocks_are_split_kv_partitions() -> None:
        st.sampled_from([64, 128, 256]), st.booleans())
 def test_gemm_time_never_decreases_with_m(m: int, dm: int, n: int, k: int, tm: int, tn: int,
                                           split: bool) -> None:
-    # GEMMs are fitted without the fill term (kernel_fit.NO_FILL): their fixed weight bytes
-    # times (units + half_units) / units would fall as rows are added.
+    # GEMMs are fitted without the fill term (kernel_fit): their fixed weight bytes times
+    # (units + half_units) / units would fall as rows are added.
     fit = TILED.model_copy(update={"tile_m": tm, "tile_n": tn, "split_k": split,
                                    "half_units": 0.0, "tile_k0": 512})
     peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
@@ -157,3 +157,20 @@ def test_kernel_fit_picks_the_tiles_that_made_the_data() -> None:
     _, fitted = fit_family(samples, H100)
     assert (fitted.tile_m, fitted.tile_n, fitted.tile_k0) == (128, 64, 256)
     assert evaluate(samples, H100, fitted)["median_ape_after"] < 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["H100-SXM", "H200-SXM", "A100-SXM-80GB", "B200", "L40S"]),
+       st.sampled_from(["vllm", "trtllm", "sglang"]),
+       st.sampled_from(["Llama-3.1-8B", "Mixtral-8x7B"]), st.integers(0, 512),
+       st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300), st.integers(0, 4096))
+def test_the_shipped_fits_never_price_a_larger_batch_faster(
+        device: str, engine: str, model: str, new: int, ctx: int, d_ctx: int, more_new: int,
+        more_ctx: int) -> None:
+    cm = InstanceCostModel(get_model(model), load_device(device), engine=engine, fitted=True)
+    small = BatchShape.build([(new, ctx, True)], [d_ctx])
+    big = BatchShape.build([(new + more_new, ctx, True)], [d_ctx + more_ctx])
+    more_seqs = BatchShape.build([(new, ctx, True)], [d_ctx, d_ctx])
+    t0 = cm.step(small).seconds
+    assert cm.step(big).seconds >= t0 * (1 - 1e-12)
+    assert cm.step(more_seqs).seconds >= t0 * (1 - 1e-12)

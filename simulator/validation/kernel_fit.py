@@ -83,11 +83,14 @@ def _exp(v: float) -> float:
     return math.exp(min(v, 40.0))
 
 
-NO_FILL = ("gemm", "gemm_fp8", "gemm_fp4")
-"""Families fitted without the parallel-units fill term ``bytes * (units + half_units) /
-units``: their bytes hold a fixed weight stream, so it would fall as rows are added (a
-larger batch priced faster). Tiled fits of the other families but decode attention drop it
-too (:func:`fit`): tile/wave quantisation describes their under-filled SMs instead."""
+# Only decode attention is fitted with the parallel-units fill term
+# ``bytes * (units + half_units) / units`` (``half_units`` is 0 in every other fit).
+# Elsewhere a batch can add a unit with little work (a GEMM row streams no new weights, a
+# token routed to an expert already hit, a short prompt), so the term would fall and price
+# the larger batch faster; tile/wave quantisation describes their under-filled SMs instead.
+# A decode step is never priced below its longest sequence alone
+# (OperatorPricing._decode_attention_op in cost/operators.py), which keeps the fill term
+# there monotone.
 
 
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
@@ -143,7 +146,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k, True, tile_k0),
                  device, idx)
     log_t = np.log(samples.seconds[idx])
-    fill = samples.op not in NO_FILL and (not tile_m or samples.decode)
+    fill = samples.decode  # see the note above _to_fit
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0)
