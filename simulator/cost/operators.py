@@ -24,6 +24,9 @@ from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_units, op_time, 
 from simulator.hardware.profiles import DeviceProfile, OperatorFit
 from simulator.models.arch import ModelConfig
 
+QUANT_MEMO_SIZE = 65536
+"""Remembered tile/wave multipliers per instance before the memo starts over."""
+
 
 class OperatorPricing:
     """Operator pricing of :class:`simulator.cost.step.InstanceCostModel` (a mixin: the
@@ -56,6 +59,7 @@ class OperatorPricing:
     _ffn_width: float
     _ffn_shapes: tuple[tuple[float, float], ...]
     _attn_shapes: tuple[tuple[float, float], ...] | None
+    _quant_memo: dict[tuple[Any, ...], float]
 
     @property
     def kv_heads_per_device(self) -> int:
@@ -74,11 +78,23 @@ class OperatorPricing:
 
     def _quant(self, label: str, shape: tuple[Any, ...]) -> Any:
         """Tile/wave FLOPs multiplier of operator ``label`` of ``shape`` (1 without a tiled
-        fit)."""
+        fit). Scalar shapes are remembered per instance: a run prices the same batch sizes
+        over and over, and the tile count costs a few dozen numpy calls."""
         fit = self._fits.get(label)
         if fit is None or not fit.tile_m:
             return 1.0
-        return quantisation(fit, shape, self.device.sm_count, label == "attention_decode")
+        if isinstance(shape[1], np.ndarray):
+            return quantisation(fit, shape, self.device.sm_count, label == "attention_decode")
+        key = (label, *shape)
+        memo = self._quant_memo
+        quant = memo.get(key)
+        if quant is None:
+            if len(memo) >= QUANT_MEMO_SIZE:
+                memo.clear()
+            quant = float(quantisation(fit, shape, self.device.sm_count,
+                                       label == "attention_decode"))
+            memo[key] = quant
+        return quant
 
     def _decode_row_heads(self, fit: OperatorFit) -> float:
         """Rows of per-row decode-attention work per sequence, as the fit counts them."""
@@ -178,10 +194,14 @@ class OperatorPricing:
         quant = 1.0
         fit = self._fits.get(label)
         if fit is not None and fit.tile_m:
-            # Each GEMM of the group has its own tiles: FLOP-weighted multiplier.
             gemms = shapes if shapes is not None else ((params / in_width, in_width),)
-            quant = (sum(n * k * self._quant(label, (1.0, tokens, n, k)) for n, k in gemms)
-                     / sum(n * k for n, k in gemms))
+            key = (label, tokens, gemms)
+            quant = self._quant_memo.get(key)  # type: ignore[assignment]
+            if quant is None:
+                # Each GEMM of the group has its own tiles: FLOP-weighted multiplier.
+                quant = (sum(n * k * self._quant(label, (1.0, tokens, n, k)) for n, k in gemms)
+                         / sum(n * k for n, k in gemms))
+                self._quant_memo[key] = quant
         self._op(acc, flops, nbytes, kernels, times, label,
                  (tokens, shapes) if shapes is not None else None, tokens, tokens * k_sum,
                  float(quant))

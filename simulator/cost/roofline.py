@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,13 +87,38 @@ scaled_mm_sm90_fp8_dispatch.cuh: tile configurations per bucket of ``next_pow_2(
 M16 / M64 / M128 / larger)."""
 
 
+# The tile counts take floats (one step, priced scalar by scalar: math is ~20x faster than
+# numpy on them) or numpy arrays (decode series, the fit); the helpers pick which.
+def _arr(x: Any) -> bool:
+    return isinstance(x, np.ndarray)
+
+
+def _ceil(x: Any) -> Any:
+    return np.ceil(x) if _arr(x) else float(math.ceil(x))
+
+
+def _floor(x: Any) -> Any:
+    return np.floor(x) if _arr(x) else float(math.floor(x))
+
+
+def _max(a: Any, b: Any) -> Any:
+    return np.maximum(a, b) if _arr(a) or _arr(b) else float(max(a, b))
+
+
+def _min(a: Any, b: Any) -> Any:
+    return np.minimum(a, b) if _arr(a) or _arr(b) else float(min(a, b))
+
+
+def _pow2_ceil(x: Any) -> Any:
+    return np.exp2(np.ceil(np.log2(x))) if _arr(x) else 2.0 ** math.ceil(math.log2(x))
+
+
 def tile_m_for(m: Any, tile_m: int) -> Any:
     """The tile a kernel uses along ``m``: the next power of two of ``m`` (at least
     ``MIN_TILE_M``), up to the family's ``tile_m``: small batches select smaller tiles (the
     dispatch cited above) instead of padding one row to a full tile. Never decreases in m."""
-    m = np.maximum(np.asarray(m, dtype=float), 1.0)
-    pow2 = np.exp2(np.ceil(np.log2(m)))
-    return np.clip(pow2, min(MIN_TILE_M, tile_m), tile_m)
+    pow2 = _pow2_ceil(_max(m, 1.0))
+    return _min(_max(pow2, min(MIN_TILE_M, tile_m)), tile_m)
 
 
 SPLIT_K_TILE = 64
@@ -113,12 +139,12 @@ def gemm_tiles(groups: Any, m: Any, n: Any, k: Any, tile_m: int, tile_n: int,
     :func:`wave_factor`'s ``sms``.
     """
     tm = tile_m_for(m, tile_m)
-    m = np.maximum(np.asarray(m, dtype=float), 1e-9)
-    cols = np.asarray(n, dtype=float) / tile_n if tile_n else np.asarray(n, dtype=float)
-    whole = groups * np.ceil(m / tm) * (np.ceil(cols) if tile_n else cols)
+    m = _max(m, 1e-9)
+    cols = n / tile_n if tile_n else n
+    whole = groups * _ceil(m / tm) * (_ceil(cols) if tile_n else cols)
     exact = groups * (m / tm) * cols
     if split_k:
-        return whole, exact, np.maximum(np.asarray(k, dtype=float) / SPLIT_K_TILE, 1.0)
+        return whole, exact, _max(k / SPLIT_K_TILE, 1.0)
     return whole, exact, 1.0
 
 
@@ -127,9 +153,8 @@ def decode_tiles(seqs: Any, ctx_tokens: Any, kv_heads: Any, split: int) -> tuple
     per sequence or one per ``split`` context tokens when contexts are long (the same
     count :func:`simulator.cost.step.decode_units` uses, rounded up to whole partitions).
     Grows with every sequence and token."""
-    ctx = np.asarray(ctx_tokens, dtype=float)
-    whole = kv_heads * np.maximum(seqs, np.ceil(ctx / split))
-    return whole, kv_heads * np.maximum(seqs, ctx / split)
+    whole = kv_heads * _max(seqs, _ceil(ctx_tokens / split))
+    return whole, kv_heads * _max(seqs, ctx_tokens / split)
 
 
 def wave_factor(whole: Any, exact: Any, sms: int, max_split: Any = 1.0,
@@ -145,10 +170,10 @@ def wave_factor(whole: Any, exact: Any, sms: int, max_split: Any = 1.0,
     FLOPs times this factor are ``waves * SMs * (FLOPs of one block)``, which never
     decreases as tiles are added, so a fitted step stays monotone in its batch.
     """
-    whole = np.maximum(whole, 1.0)
-    split = np.clip(np.floor(sms / whole), 1.0, np.floor(max_split))
-    waves = np.ceil(whole * split / sms)
-    return waves * sms / (np.maximum(exact, 1e-9) * split) * (1.0 + overhead * split)
+    whole = _max(whole, 1.0)
+    split = _max(_min(_floor(sms / whole), _floor(max_split)), 1.0)
+    waves = _ceil(whole * split / sms)
+    return waves * sms / (_max(exact, 1e-9) * split) * (1.0 + overhead * split)
 
 
 def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | None,
@@ -166,5 +191,5 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
         return wave_factor(whole, exact, sms)
     groups, m, n, k = shape
     whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k)
-    overhead = fit.tile_k0 / np.maximum(np.asarray(k, dtype=float), 1.0) if fit.tile_k0 else 0.0
+    overhead = fit.tile_k0 / _max(k, 1.0) if fit.tile_k0 else 0.0
     return wave_factor(whole, exact, sms, max_split, overhead)

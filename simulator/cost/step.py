@@ -9,6 +9,7 @@ docs/hardware.md (efficiency factors and per-operator fits).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,7 @@ class InstanceCostModel(OperatorPricing):
         self._stage_layers = split_layers(m.num_layers, par.pp, par.balanced_stages)
         self._stage_moe = stage_moe_layers(m, self._stage_layers)
         self._decode_base: dict[int, StepCost] = {}
+        self._quant_memo: dict[tuple[Any, ...], float] = {}
         # Per-device constants of the roofline, looked up once (pricing runs every step).
         dev, eff = self.device, self.device.efficiency
         self._peak = dev.peak_flops(self._cp)
