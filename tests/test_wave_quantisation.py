@@ -174,3 +174,20 @@ def test_the_shipped_fits_never_price_a_larger_batch_faster(
     t0 = cm.step(small).seconds
     assert cm.step(big).seconds >= t0 * (1 - 1e-12)
     assert cm.step(more_seqs).seconds >= t0 * (1 - 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.5, 1e5), st.floats(1.0, 7e4), st.floats(16.0, 3e4), st.booleans(),
+       st.sampled_from([0, 256, 1024]))
+def test_scalar_and_array_tile_counts_agree(m: float, n: float, k: float, split: bool,
+                                           k0: int) -> None:
+    """One step is priced on floats (math), a decode series and the fit on arrays (numpy)."""
+    fit = TILED.model_copy(update={"split_k": split, "tile_k0": k0})
+    scalar = quantisation(fit, (3.0, m, n, k), SMS)
+    array = quantisation(fit, (np.array([3.0]), np.array([m]), np.array([n]), np.array([k])), SMS)
+    assert isinstance(scalar, float)
+    assert scalar == pytest.approx(float(array[0]), rel=1e-12)
+    decode = TILED.model_copy(update={"tile_m": 256, "tile_n": 0})
+    one = quantisation(decode, (7.0, m * 7, 8.0), SMS, decode=True)
+    many = quantisation(decode, (7.0, np.array([m * 7]), 8.0), SMS, decode=True)
+    assert one == pytest.approx(float(many[0]), rel=1e-12)
