@@ -85,7 +85,10 @@ def test_the_cheapest_configuration_meets_the_slo_when_simulated(shipped: Any) -
 
 
 def test_cost_model_lower_bound_is_a_bound() -> None:
-    spec = small(target_rate_per_s=250.0)
+    # The bound is on the sustained rate: 600 requests at 250 req/s reach steady state (with
+    # 200, arrivals last 0.8 s and an instance short of the rate still drains its backlog
+    # within the SLO for 92 % of them, as steady_state_warnings says of such runs).
+    spec = small(target_rate_per_s=250.0, workload={**SMALL["workload"], "num_requests": 600})
     family = Family("colocated", (Shape("H100-SXM", 1, 1),))
     caps, reason = capacity(spec, family)
     assert reason is None
@@ -115,7 +118,8 @@ def test_device_limits_are_respected() -> None:
     result = plan(limited.model_copy(update={"target_rate_per_s": 400.0}), workers=1)
     assert result.simulated.empty  # the cost model alone shows 2 devices cannot do it
     reason = result.rejected.set_index("family")["reason"]["colocated H100-SXM TP1"]
-    assert "needs at least 5 colocated instance(s)" in reason
+    # ~105 req/s per TP1 instance with the tile/wave-fitted kernels (97 before): 4 for 400.
+    assert "needs at least 4 colocated instance(s)" in reason
     assert "limits: 2 H100-SXM" in reason
     # One device, a rate the estimate allows but the simulation shows it cannot hold.
     one = small(target_rate_per_s=95.0, tp=[1], layouts=["colocated"],
