@@ -191,3 +191,49 @@ def test_scalar_and_array_tile_counts_agree(m: float, n: float, k: float, split:
     one = quantisation(decode, (7.0, m * 7, 8.0), SMS, decode=True)
     many = quantisation(decode, (7.0, np.array([m * 7]), 8.0), SMS, decode=True)
     assert one == pytest.approx(float(many[0]), rel=1e-12)
+
+
+def _tiled_engines() -> list[tuple[str, str]]:
+    from simulator.hardware.registry import device_names
+
+    pairs = []
+    for name in device_names():
+        device = load_device(name)
+        for engine, fits in (device.operators or {}).items():
+            if any(f.tile_m for f in fits.fits.values()):
+                pairs.append((name, engine))
+    return pairs
+
+
+TILED_ENGINES = _tiled_engines()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(TILED_ENGINES), st.sampled_from(["Llama-3.1-8B", "Mixtral-8x7B"]),
+       st.lists(st.integers(1, 4096), min_size=1, max_size=3), st.integers(1, 4096))
+def test_another_prompt_never_makes_a_shipped_prefill_step_cheaper(
+        pair: tuple[str, str], model: str, prompts: list[int], added: int) -> None:
+    device, engine = pair
+    cm = InstanceCostModel(get_model(model), load_device(device), engine=engine, fitted=True)
+    before = BatchShape.build([(n, 0, True) for n in prompts])
+    after = BatchShape.build([(n, 0, True) for n in [*prompts, added]])
+    assert cm.step(after).seconds >= cm.step(before).seconds * (1 - 1e-12)
+
+
+def test_a_short_prompt_next_to_a_longer_one_costs_more_than_the_longer_alone() -> None:
+    # Prompts of 179 and 8 tokens prefilled together on H100-SXM at TP2 (vLLM fits): the
+    # prefill-attention tiles of their mean length (93.5 rows) priced the pair at 5.256 ms,
+    # below the 179-token prompt alone.
+    from simulator.runner import Simulation
+    from tests.conftest import make_scenario
+
+    scenario = make_scenario(**{"cluster.pools": [{
+        "name": "prefill", "role": "prefill", "device": "H100-SXM", "instances": 1,
+        "parallelism": {"tp": 2}}, {"name": "decode", "role": "decode", "device": "H100-SXM",
+                                     "instances": 1}]})
+    cm = Simulation(scenario).plan.instances[0].cost
+    assert cm.parallelism.tp == 2
+    assert cm.fitted
+    alone = cm.step(BatchShape.prefill(179)).seconds
+    both = cm.step(BatchShape.build([(179, 0, True), (8, 0, True)])).seconds
+    assert both >= alone

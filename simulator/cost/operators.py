@@ -134,6 +134,65 @@ class OperatorPricing:
         return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
                 np.where(slower, units1, units), np.where(slower, quant1, quant))
 
+    @staticmethod
+    def _longest_chunk(seqs: int, tokens: int, pairs: float) -> int:
+        """The most new tokens one of ``seqs`` prefill chunks of ``tokens`` new tokens and
+        ``pairs`` causal pairs can hold: a chunk of ``n`` has at least ``n (n + 1) / 2`` pairs
+        and the others' ``T - n`` tokens at least those of equal chunks, so ``n`` is the
+        largest with ``n (n+1)/2 + (T-n) ((T-n)/(s-1) + 1)/2 <= pairs``. It is the mean for
+        chunks of equal length, a long prompt's own length next to short ones, and it never
+        falls as chunks are added."""
+        if seqs <= 1:
+            return tokens
+        r = 1.0 / (seqs - 1)
+        disc = max((1 + r) * (2 * pairs - tokens) - r * tokens * tokens, 0.0)
+        longest = (r * tokens + math.sqrt(disc)) / (1 + r)
+        return int(max(min(math.floor(longest + 1e-6), tokens - (seqs - 1)), 1))
+
+    def _prefill_attention_op(self, b: BatchShape) -> tuple[float, float, float, float]:
+        """FLOPs, bytes, parallel units and tile/wave multiplier of one layer's prefill
+        attention.
+
+        A variable-length FlashAttention launch sizes its grid by the longest chunk
+        (``max_seqlen_q``: ``ceil(max_seqlen_q / kBlockM)`` query tiles for every sequence
+        and head; Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h),
+        so the tile and the waves follow the longest chunk (:meth:`_longest_chunk`, as the
+        batch keeps only sums), and a wave lasts as long as its longest blocks: every row is
+        priced at the work per query row of the longest chunk where the batch's mean is
+        less. Chunks of equal length keep the mean-length tiles the kernel tables measure,
+        and adding a chunk never makes the operator cheaper (tiles from the mean length
+        would: a short prompt next to a long one halves the tile).
+        """
+        m, t = self.model, self.parallelism.tp
+        seqs, tokens, pairs = b.prefill_seqs, b.prefill_tokens, b.prefill_attn_pairs
+        heads = m.num_attention_heads / t
+        if m.attention == "mla":
+            per_pair = 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        else:
+            per_pair = 4 * heads * m.head_dim
+        io_width = (m.q_width + m.attn_out_width) / t
+        nbytes = (b.prefill_kv_tokens * self.kv_elements_per_token_per_layer_device()
+                  * self._kvb + tokens * io_width * self._ab)
+        longest = self._longest_chunk(seqs, tokens, pairs)
+        quant = self._quant("attention_prefill", (seqs * heads, float(longest), 1.0, m.head_dim))
+        if seqs > 1 and quant != 1.0:
+            # The tiles hold ``tokens`` rows, not ``seqs * longest``.
+            quant *= seqs * longest / tokens * max(1.0, tokens * (longest + 1) / 2 / pairs)
+        batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
+        fit = self._fits.get("attention_prefill")
+        if fit is None or seqs <= 1:
+            return batch
+        # Cached context is not in the tile bound: the batch also costs at least its longest
+        # possible chunk alone, on all the batch's cached context (at most its pairs).
+        ctx = b.prefill_kv_tokens - tokens
+        alone = self._prefill_attention_op(BatchShape(
+            prefill_tokens=longest, prefill_seqs=1,
+            prefill_attn_pairs=min(longest * (ctx + (longest + 1) / 2), pairs),
+            prefill_kv_tokens=min(ctx + longest, b.prefill_kv_tokens)))
+        slower = (max(fit.parts(self._peak16, self._bw, *alone))
+                  > max(fit.parts(self._peak16, self._bw, *batch)))
+        return alone if slower else batch
+
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         """FLOPs and bytes of one layer's decode attention on one device."""
         m, t = self.model, self.parallelism.tp
@@ -241,23 +300,11 @@ class OperatorPricing:
             self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
 
     def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
-        m, t = self.model, self.parallelism.tp
-        heads = m.num_attention_heads / t
-        kv_elems = self.kv_elements_per_token_per_layer_device()
-        io_width = (m.q_width + m.attn_out_width) / t
+        heads = self.model.num_attention_heads / self.parallelism.tp
         if b.prefill_tokens:
-            if m.attention == "mla":
-                per_pair = 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-            else:
-                per_pair = 4 * heads * m.head_dim
-            flops = per_pair * b.prefill_attn_pairs
-            nbytes = b.prefill_kv_tokens * kv_elems * self._kvb + b.prefill_tokens * io_width * self._ab
-            # Prefill tiles: query rows of each (sequence, head), sequences of equal length.
-            quant = self._quant("attention_prefill", (b.prefill_seqs * heads,
-                                                      b.prefill_tokens / b.prefill_seqs, 1.0,
-                                                      m.head_dim))
-            self._op(acc, flops, nbytes, 1, count, "attention_prefill", b,
-                     b.prefill_seqs * heads, b.prefill_tokens * heads, float(quant))
+            flops, nbytes, units, quant = self._prefill_attention_op(b)
+            self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
+                     float(units), b.prefill_tokens * heads, float(quant))
         if b.decode_seqs and decode:
             flops, nbytes, units, quant = self._decode_attention_op(b.decode_seqs,
                                                                     b.decode_ctx_tokens)
