@@ -27,6 +27,9 @@ class BatchShape:
     """Sum of the decode sequences' context lengths (KV tokens attention reads)."""
     logits_seqs: int = 0
     """Sequences whose last position goes through the LM head (decodes + finishing prefills)."""
+    prefill_max_tokens: int = 0
+    """New tokens of the longest prefill chunk (0: not given; the cost model then bounds it
+    from the sums)."""
 
     @property
     def tokens(self) -> int:
@@ -43,7 +46,7 @@ class BatchShape:
         decode_contexts: Iterable[int] = (),
     ) -> BatchShape:
         """From ``(new, ctx, samples)`` prefill chunks and decode context lengths."""
-        p_tokens = p_seqs = p_kv = logits = 0
+        p_tokens = p_seqs = p_kv = logits = p_max = 0
         pairs = 0.0
         for new, ctx, samples in prefill_chunks:
             if new <= 0:
@@ -52,12 +55,13 @@ class BatchShape:
             p_seqs += 1
             pairs += new * (ctx + (new + 1) / 2)
             p_kv += ctx + new
+            p_max = max(p_max, new)
             logits += 1 if samples else 0
         d_seqs = d_ctx = 0
         for ctx in decode_contexts:
             d_seqs += 1
             d_ctx += ctx
-        return cls(p_tokens, p_seqs, pairs, p_kv, d_seqs, d_ctx, logits + d_seqs)
+        return cls(p_tokens, p_seqs, pairs, p_kv, d_seqs, d_ctx, logits + d_seqs, p_max)
 
     @classmethod
     def decode(cls, seqs: int, ctx_tokens: int) -> BatchShape:

@@ -60,6 +60,7 @@ def rank_batch(batch: BatchShape, dp: int) -> BatchShape:
         decode_seqs=d_seqs,
         decode_ctx_tokens=round(batch.decode_ctx_tokens * d_frac),
         logits_seqs=d_seqs + _share(prefill_logits, dp),
+        prefill_max_tokens=min(batch.prefill_max_tokens, p_tokens),
     )
 
 
@@ -75,6 +76,7 @@ def split_in_two(batch: BatchShape) -> BatchShape | None:
         decode_seqs=_share(batch.decode_seqs, 2),
         decode_ctx_tokens=_share(batch.decode_ctx_tokens, 2),
         logits_seqs=_share(batch.logits_seqs, 2),
+        prefill_max_tokens=min(batch.prefill_max_tokens, _share(batch.prefill_tokens, 2)),
     )
     return half if not half.is_empty else None
 

@@ -156,10 +156,10 @@ class OperatorPricing:
         A variable-length FlashAttention launch sizes its grid by the longest chunk
         (``max_seqlen_q``: ``ceil(max_seqlen_q / kBlockM)`` query tiles for every sequence
         and head; Dao-AILab/flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h),
-        so the tile and the waves follow the longest chunk (:meth:`_longest_chunk`, as the
-        batch keeps only sums), and a wave lasts as long as its longest blocks: every row is
-        priced at the work per query row of the longest chunk where the batch's mean is
-        less. Chunks of equal length keep the mean-length tiles the kernel tables measure,
+        so the tile and the waves follow the longest chunk (``prefill_max_tokens``, else
+        bounded by :meth:`_longest_chunk`), and a wave lasts as long as its longest blocks:
+        every row is priced at the work per query row of the longest chunk where the batch's
+        mean is less. Chunks of equal length keep the mean-length tiles the kernel tables measure,
         and adding a chunk never makes the operator cheaper (tiles from the mean length
         would: a short prompt next to a long one halves the tile).
         """
@@ -173,7 +173,9 @@ class OperatorPricing:
         io_width = (m.q_width + m.attn_out_width) / t
         nbytes = (b.prefill_kv_tokens * self.kv_elements_per_token_per_layer_device()
                   * self._kvb + tokens * io_width * self._ab)
-        longest = self._longest_chunk(seqs, tokens, pairs)
+        longest = (min(b.prefill_max_tokens, tokens) if b.prefill_max_tokens
+                   else self._longest_chunk(seqs, tokens, pairs))
+        longest = max(longest, math.ceil(tokens / seqs))
         quant = self._quant("attention_prefill", (seqs * heads, float(longest), 1.0, m.head_dim))
         if seqs > 1 and quant != 1.0:
             # The tiles hold ``tokens`` rows, not ``seqs * longest``.

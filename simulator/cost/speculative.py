@@ -121,7 +121,8 @@ def verify_batch(contexts_sum: int, seqs: int, draft_tokens: int) -> BatchShape:
         return BatchShape()
     pairs = seqs * q * (contexts_sum / seqs + (q + 1) / 2)
     return BatchShape(prefill_tokens=seqs * q, prefill_seqs=seqs, prefill_attn_pairs=pairs,
-                      prefill_kv_tokens=contexts_sum + seqs * q, logits_seqs=seqs * q)
+                      prefill_kv_tokens=contexts_sum + seqs * q, logits_seqs=seqs * q,
+                      prefill_max_tokens=q)
 
 
 def steps_for(output_tokens: int, mean_tokens_per_step: float) -> int:
@@ -169,6 +170,8 @@ def with_verify(batch: BatchShape, draft_tokens: int) -> BatchShape:
         prefill_attn_pairs=batch.prefill_attn_pairs + v.prefill_attn_pairs,
         prefill_kv_tokens=batch.prefill_kv_tokens + v.prefill_kv_tokens,
         logits_seqs=batch.logits_seqs - seqs + v.logits_seqs,
+        prefill_max_tokens=(max(batch.prefill_max_tokens, v.prefill_max_tokens)
+                            if batch.prefill_max_tokens or not batch.prefill_seqs else 0),
     )
 
 
