@@ -99,6 +99,17 @@ def _tiled_h100() -> DeviceProfile:
     return H100.model_copy(update={"operators": {"vllm": OperatorFits(source="t", fits=fits)}})
 
 
+def _assert_never_faster_when_grown(cm: InstanceCostModel, new: int, ctx: int, d_ctx: int,
+                                    more_new: int, more_ctx: int) -> None:
+    """More prefill tokens, more decode context or one more decode never price a step lower."""
+    small = BatchShape.build([(new, ctx, True)], [d_ctx])
+    big = BatchShape.build([(new + more_new, ctx, True)], [d_ctx + more_ctx])
+    more_seqs = BatchShape.build([(new, ctx, True)], [d_ctx, d_ctx])
+    t0 = cm.step(small).seconds
+    assert cm.step(big).seconds >= t0 * (1 - 1e-12)
+    assert cm.step(more_seqs).seconds >= t0 * (1 - 1e-12)
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.sampled_from(["Llama-3.1-8B", "Mixtral-8x7B"]), st.integers(0, 512),
        st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300), st.integers(0, 4096))
@@ -107,12 +118,7 @@ def test_a_tiled_step_never_decreases_as_its_batch_grows(model: str, new: int, c
                                                           more_ctx: int) -> None:
     cm = InstanceCostModel(get_model(model), _tiled_h100(), engine="vllm", fitted=True)
     assert cm._fits["gemm_ffn"].tile_m or cm._fits["moe"].tile_m
-    small = BatchShape.build([(new, ctx, True)], [d_ctx])
-    big = BatchShape.build([(new + more_new, ctx, True)], [d_ctx + more_ctx])
-    more_seqs = BatchShape.build([(new, ctx, True)], [d_ctx, d_ctx])
-    t0 = cm.step(small).seconds
-    assert cm.step(big).seconds >= t0 * (1 - 1e-12)
-    assert cm.step(more_seqs).seconds >= t0 * (1 - 1e-12)
+    _assert_never_faster_when_grown(cm, new, ctx, d_ctx, more_new, more_ctx)
 
 
 def test_tiles_change_the_step_and_decode_series_agrees() -> None:
@@ -168,12 +174,7 @@ def test_the_shipped_fits_never_price_a_larger_batch_faster(
         device: str, engine: str, model: str, new: int, ctx: int, d_ctx: int, more_new: int,
         more_ctx: int) -> None:
     cm = InstanceCostModel(get_model(model), load_device(device), engine=engine, fitted=True)
-    small = BatchShape.build([(new, ctx, True)], [d_ctx])
-    big = BatchShape.build([(new + more_new, ctx, True)], [d_ctx + more_ctx])
-    more_seqs = BatchShape.build([(new, ctx, True)], [d_ctx, d_ctx])
-    t0 = cm.step(small).seconds
-    assert cm.step(big).seconds >= t0 * (1 - 1e-12)
-    assert cm.step(more_seqs).seconds >= t0 * (1 - 1e-12)
+    _assert_never_faster_when_grown(cm, new, ctx, d_ctx, more_new, more_ctx)
 
 
 @settings(max_examples=200, deadline=None)
