@@ -12,10 +12,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.engine.config import RequestClass, WorkloadSpec
 from simulator.engine.priority import PriorityQueue, make_queue, priority_key
 from simulator.engine.request import Request
 from simulator.engine.tenants import Admission
+from simulator.engine.workload_spec import RequestClass, WorkloadSpec
 from simulator.errors import EXIT_BAD_INPUT
 from simulator.runner.run import run
 from simulator.scenario.schema import Scenario

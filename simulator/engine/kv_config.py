@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Spec(BaseModel):
-    # The settings of simulator.engine.config.Spec (which imports this module).
+    """Base of every engine-section setting (this module, config.py, workload_spec.py)."""
+
+    # No field means "unbounded" by infinity; NaN compares false with every bound.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

@@ -15,8 +15,8 @@ import zlib
 
 import numpy as np
 
-from simulator.engine.config import RequestClass
 from simulator.engine.request import Request
+from simulator.engine.workload_spec import RequestClass
 
 CLASS_STREAMS = ("arrival", "input", "output", "prefix")
 DEFAULT_CLASS = "default"

@@ -9,7 +9,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from simulator.engine.config import (
+from simulator.engine.request import Request, State
+from simulator.engine.sessions import Sessions
+from simulator.engine.traces import Trace, load_trace
+from simulator.engine.workload_spec import (
     AllAtOnce,
     Arrival,
     ClosedLoop,
@@ -27,9 +30,6 @@ from simulator.engine.config import (
     UniformLength,
     WorkloadSpec,
 )
-from simulator.engine.request import Request, State
-from simulator.engine.sessions import Sessions
-from simulator.engine.traces import Trace, load_trace
 
 _CHUNK = 4096
 

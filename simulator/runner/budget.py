@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.engine.config import (
+from simulator.engine.config import RandomFailures
+from simulator.engine.workload_spec import (
     ConstantArrival,
     EmpiricalLength,
     FixedLength,
@@ -26,7 +27,6 @@ from simulator.engine.config import (
     LognormalLength,
     OnOffArrival,
     PoissonArrival,
-    RandomFailures,
     UniformLength,
 )
 from simulator.errors import ConfigError

@@ -20,7 +20,9 @@ from simulator.cost.parallel import Parallelism
 from simulator.cost.speculative import SpeculativePredictor
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.cluster import InstanceSpec
-from simulator.engine.config import (
+from simulator.engine.fabric import TransferPath
+from simulator.engine.workload import load_trace
+from simulator.engine.workload_spec import (
     EmpiricalLength,
     FixedLength,
     Length,
@@ -29,8 +31,6 @@ from simulator.engine.config import (
     TraceArrival,
     UniformLength,
 )
-from simulator.engine.fabric import TransferPath
-from simulator.engine.workload import load_trace
 from simulator.errors import ConfigError, MemoryFitError
 from simulator.hardware.engines import ServingEngineProfile, load_engine
 from simulator.hardware.profiles import DeviceProfile

@@ -6,7 +6,7 @@ Each message names the rule and the engine source that enforces it.
 
 from __future__ import annotations
 
-from simulator.engine.config import EmpiricalLength, FixedLength, Length, UniformLength
+from simulator.engine.workload_spec import EmpiricalLength, FixedLength, Length, UniformLength
 from simulator.errors import ConfigError
 from simulator.models.arch import ModelConfig
 from simulator.scenario.schema import Scenario

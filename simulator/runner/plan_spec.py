@@ -12,7 +12,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator.config_io import read_yaml, validate
-from simulator.engine.config import RouterSpec, SchedulerSpec, WorkloadSpec
+from simulator.engine.config import RouterSpec, SchedulerSpec
+from simulator.engine.workload_spec import WorkloadSpec
 from simulator.errors import ConfigError
 from simulator.scenario.schema import KVTransferSpec, PrecisionSpec, Scenario, SLOSpec
 

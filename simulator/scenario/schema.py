@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from simulator.engine.config import AutoscaleSpec, Fault, RouterSpec, SchedulerSpec, WorkloadSpec
+from simulator.engine.config import AutoscaleSpec, Fault, RouterSpec, SchedulerSpec
+from simulator.engine.workload_spec import WorkloadSpec
 from simulator.scenario.moe_spec import MoESpec
 from simulator.scenario.speculative_spec import SpeculativeSpec
 from simulator.units import Precision
