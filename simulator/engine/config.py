@@ -29,20 +29,24 @@ class SchedulerSpec(Spec):
     max_num_seqs: int | None = Field(None, gt=0, description=(
         "Most requests running at once (vLLM max_num_seqs, TensorRT-LLM max_batch_size, "
         "SGLang max_running_requests). Unset: the serving engine's default for the device "
-        "and entry point (vLLM: 1024 on GPUs with >= 70 GiB that are not A100s, else 256)."))
+        "and entry point (vLLM: 1024 on GPUs with >= 70 GiB that are not A100s, else 256; "
+        "TensorRT-LLM 2048; SGLang 2048)."))
     max_num_batched_tokens: int | None = Field(None, gt=0, description=(
         "Token budget of one step (vLLM max_num_batched_tokens, TensorRT-LLM "
         "max_num_tokens, SGLang chunked_prefill_size). Unset: the serving engine's default "
         "for the device and entry point (vLLM API server: 8192 on GPUs with >= 70 GiB that "
-        "are not A100s, else 2048; offline LLM class: 16384 / 8192)."))
+        "are not A100s, else 2048; offline LLM class: 16384 / 8192; TensorRT-LLM 8192; "
+        "SGLang 8192 on GPUs with >= 25,000 MB, else 2048)."))
     entry_point: Literal["api_server", "offline"] = Field("api_server", description=(
         "How the engine is driven, for its default limits: the OpenAI-compatible API "
         "server (`vllm serve`) or the offline Python entry point (vLLM's LLM class, "
         "`vllm bench latency` / `throughput`)."))
-    chunked_prefill: bool = Field(True, description=(
+    chunked_prefill: bool | None = Field(None, description=(
         "Split long prompts over steps. Off: a prompt runs whole (vLLM V1 and TensorRT-LLM "
         "stop admitting at one larger than the tokens left; `continuous` runs prefill-first "
-        "and never mixes prefill and decode). SGLang always chunks."))
+        "and never mixes prefill and decode). SGLang always chunks. Unset: the serving "
+        "engine's default (vLLM V1 on; TensorRT-LLM off, its `enable_chunked_prefill` "
+        "default; `continuous` on)."))
     capacity_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] | None = Field(
         None, description=(
             "TensorRT-LLM only (default `guaranteed_no_evict`): admit a request only if it "
@@ -84,6 +88,14 @@ class SchedulerSpec(Spec):
             raise ValueError("scheduler limits are resolved by the runner for the engine "
                              "and device before an instance is built")
         return self.max_num_seqs, self.max_num_batched_tokens
+
+    @property
+    def chunked(self) -> bool:
+        """chunked_prefill once resolved for the engine (simulator.runner.scheduler_defaults)."""
+        if self.chunked_prefill is None:
+            raise ValueError("chunked_prefill is resolved by the runner for the engine "
+                             "before an instance is built")
+        return self.chunked_prefill
 
     @model_validator(mode="after")
     def _tiers(self) -> SchedulerSpec:

@@ -74,7 +74,9 @@ class BatchDefault(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    entry_point: EntryPoint = Field(description="The entry point the row applies to.")
+    entry_point: EntryPoint | None = Field(None, description=(
+        "The entry point the row applies to; empty = every entry point (TensorRT-LLM and "
+        "SGLang size their limits the same for the server and the offline API)."))
     min_memory_gib: float = Field(0.0, ge=0, description=(
         "Devices with at least this much runtime-visible memory (the device profile's "
         "memory_capacity_gib) match."))
@@ -86,7 +88,7 @@ class BatchDefault(BaseModel):
 
     def matches(self, device: str, memory_gib: float, entry_point: EntryPoint) -> bool:
         name = device.lower()
-        return (entry_point == self.entry_point and memory_gib >= self.min_memory_gib
+        return (self.entry_point in (None, entry_point) and memory_gib >= self.min_memory_gib
                 and not any(x.lower() in name for x in self.exclude_names))
 
 
@@ -105,6 +107,9 @@ class EngineScheduler(BaseModel):
     seqs_within_tokens: bool = Field(False, description=(
         "A default max_num_seqs is capped at max_num_batched_tokens (vLLM: "
         "min(default, max_num_batched_tokens))."))
+    chunked_prefill: bool = Field(True, description=(
+        "Whether a scenario that leaves scheduler.chunked_prefill unset chunks long "
+        "prompts (vLLM V1: on; TensorRT-LLM: off, LLM API `enable_chunked_prefill`)."))
     defaults_per_rank: bool = Field(False, description=(
         "Defaults hold per data-parallel attention rank (vLLM: every DP rank is an engine "
         "core with its own limits), so an instance of dp ranks gets dp x the default."))

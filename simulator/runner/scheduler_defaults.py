@@ -1,7 +1,9 @@
 """A pool's scheduler section made concrete: ``policy: engine`` becomes the serving
 engine's policy, unset batch limits become the engine's defaults for the device and entry
 point (``EngineScheduler.limits``: vLLM's ``EngineArgs`` defaults by device memory class,
-hardware_profiles/engines/vllm.yaml), and keys another policy reads are refused. This is
+TensorRT-LLM's LLM-API defaults, SGLang's server-args defaults by GPU memory; each in its
+hardware_profiles/engines/*.yaml), an unset ``chunked_prefill`` becomes the engine's
+default, and keys another policy reads are refused. This is
 the one place a scenario's limits are resolved; everything downstream sees numbers."""
 
 from __future__ import annotations
@@ -31,5 +33,8 @@ def resolve_scheduler(spec: SchedulerSpec, engine: ServingEngineProfile, file: s
     name, memory = (device.name, device.memory_capacity_gib) if device else ("", 0.0)
     seqs, tokens = engine.scheduler.limits(name, memory, spec.entry_point, spec.max_num_seqs,
                                            spec.max_num_batched_tokens, ranks)
+    chunked = engine.scheduler.chunked_prefill if spec.chunked_prefill is None \
+        else spec.chunked_prefill
     return spec.model_copy(update={"policy": policy, "max_num_seqs": seqs,
-                                   "max_num_batched_tokens": tokens})
+                                   "max_num_batched_tokens": tokens,
+                                   "chunked_prefill": chunked})

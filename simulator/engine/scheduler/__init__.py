@@ -27,12 +27,12 @@ def make_scheduler(spec: SchedulerSpec) -> Scheduler:
     """A fresh policy object for one instance, as ``spec`` selects (``engine`` not
     resolved against a serving-engine profile means ``continuous``)."""
     if spec.policy == "vllm_v1":
-        return VllmV1(chunked=spec.chunked_prefill)
+        return VllmV1(chunked=spec.chunked)
     if spec.policy == "trtllm":
         return TrtllmInflight(spec.capacity_scheduler_policy or "guaranteed_no_evict",
-                              chunked=spec.chunked_prefill)
+                              chunked=spec.chunked)
     if spec.policy == "sglang":
         return SglangScheduler(spec.schedule_policy or "lpm", spec.init_new_token_ratio or 0.7)
-    if spec.chunked_prefill:
+    if spec.chunked:
         return DecodeFirstChunked()
     return PrefillFirst()
