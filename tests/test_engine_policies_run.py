@@ -103,7 +103,10 @@ def test_explicit_limits_win_and_a_default_seq_cap_stays_within_the_token_budget
         == (2048, 512)
 
 
-def test_engines_without_device_rules_keep_their_profile_fallback() -> None:
-    for engine in ("trtllm", "sglang", "vllm-0.6"):
-        assert _limits(engine=engine) == (256, 8192)
+def test_each_engine_profile_gives_its_own_unset_limits() -> None:
+    """TensorRT-LLM LLM API: 2048 / 8192; SGLang 0.4 on a GPU >= 25,000 MB: 2048 / 8192;
+    the V0 profile has no device rule and keeps 256 / 8192."""
+    for engine, want in (("trtllm", (2048, 8192)), ("sglang", (2048, 8192)),
+                         ("vllm-0.6", (256, 8192))):
+        assert _limits(engine=engine) == want
 
