@@ -11,6 +11,8 @@ from simulator.hardware.engines import load_engine
 from simulator.hardware.registry import load_device
 from simulator.runner.build import build_plan
 from simulator.runner.scheduler_defaults import resolve_scheduler
+from simulator.validation.serving import row_scenario
+from simulator.validation.serving_io import read_serving
 from tests.conftest import make_scenario
 
 H100 = load_device("H100-SXM")
@@ -66,3 +68,18 @@ def test_a_scenario_without_chunked_prefill_runs_the_engine_default_policy() -> 
 def test_an_unresolved_spec_has_no_chunking_decision() -> None:
     with pytest.raises(ValueError, match="resolved by the runner"):
         _ = SchedulerSpec().chunked
+
+
+def test_a_serving_row_can_state_chunked_prefill_and_otherwise_gets_the_engine_default(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pandas as pd
+
+    base = {"model": "Llama-3.1-8B", "device": "H100-SXM", "engine": "trtllm",
+            "input_len": 128, "output_len": 16, "concurrency": 2, "num_requests": 4,
+            "measured_tpot_ms": 7.0, "source": "test"}
+    path = tmp_path / "s.csv"
+    pd.DataFrame([base, {**base, "chunked_prefill": "Yes"},
+                  {**base, "engine": "vllm", "chunked_prefill": "off"}]).to_csv(path, index=False)
+    rows = read_serving(path).to_dict("records")
+    got = [build_plan(row_scenario(r)).instances[0].scheduler.chunked_prefill for r in rows]
+    assert got == [False, True, False]

@@ -108,6 +108,7 @@ def test_fp8_checkpoint_sets_the_precision(tmp_path: Path) -> None:
     ({"precision": "bf17"}, "precision"), ({"engine": "llama.cpp"}, "engine"),
     ({"device": "TPU"}, "device"), ({"statistic": "p99"}, "statistic"),
     ({"memory_utilization": 1.5}, "memory_utilization"),
+    ({"chunked_prefill": "maybe"}, "chunked_prefill"),
 ])
 def test_bad_cells_name_file_row_and_column(tmp_path: Path, change: dict[str, object],
                                             column: str, capsys: pytest.CaptureFixture[str]) -> None:

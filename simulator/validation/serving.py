@@ -90,6 +90,8 @@ def row_scenario(row: dict[Any, Any], file: str | None = None,
     for col in ("max_num_seqs", "max_num_batched_tokens"):
         if _num(row, col) is not None:
             scheduler[col] = _int(row, col, 0)
+    if isinstance(row.get("chunked_prefill"), (bool, np.bool_)):
+        scheduler["chunked_prefill"] = bool(row["chunked_prefill"])
     if _num(row, "memory_utilization") is not None:
         scheduler["memory_utilization"] = _num(row, "memory_utilization")
     data = {

@@ -32,7 +32,8 @@ INTS = ("tp", "pp", "ep", "dp", "input_len", "output_len", "concurrency", "num_r
 FLOATS = ("request_rate", "memory_utilization", *MEASURED)
 TEXT = ("model", "model_id", "device", "engine", "engine_version", "precision",
         "kv_precision", "arrival", "statistic", "split", "source", "notes")
-COLUMNS = (*TEXT, *INTS, *FLOATS)
+BOOLS = ("chunked_prefill",)
+COLUMNS = (*TEXT, *INTS, *FLOATS, *BOOLS)
 REQUIRED = ("model", "device", "input_len", "output_len")
 ARRIVALS = ("all_at_once", "closed_loop", "poisson")
 DEFAULT_REQUESTS = 1000  # `vllm bench serve --num-prompts` default
@@ -56,6 +57,19 @@ def _number(value: object, col: str, where: str, file: str, *, integer: bool) ->
     if integer and x != int(x):
         raise ConfigError(f"must be a whole number, got {value!r}", file=file, key=where)
     return x
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _flag(value: object, where: str, file: str) -> bool | None:
+    if not _present(value):
+        return None
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ConfigError(f"must be true or false (yes/no, on/off, 1/0), got {value!r}", file=file,
+                      key=where)
 
 
 def normalise(records: Iterable[Mapping[Any, Any]], file: str, *, line_offset: int = 2,
@@ -108,6 +122,10 @@ def normalise(records: Iterable[Mapping[Any, Any]], file: str, *, line_offset: i
                 x = _number(rec[col], col, key(col), file, integer=col in INTS)
                 if x is not None:
                     row[col] = int(x) if col in INTS else x
+        for col in BOOLS:
+            flag = _flag(rec.get(col), key(col), file)
+            if flag is not None:
+                row[col] = flag
         if "memory_utilization" in row and row["memory_utilization"] > 1:
             raise ConfigError("memory_utilization is a fraction in (0, 1]", file=file,
                               key=key("memory_utilization"))
