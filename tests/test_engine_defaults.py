@@ -83,3 +83,18 @@ def test_a_serving_row_can_state_chunked_prefill_and_otherwise_gets_the_engine_d
     rows = read_serving(path).to_dict("records")
     got = [build_plan(row_scenario(r)).instances[0].scheduler.chunked_prefill for r in rows]
     assert got == [False, True, False]
+
+
+def test_sglang_captures_graphs_up_to_its_device_dependent_max_batch() -> None:
+    """SGLang 0.4 cuda_graph_max_bs: 160 on GPUs with >= 25,000 MB, else 80 at TP >= 4 and
+    8 below; a larger decode batch runs eagerly."""
+    graphs = load_engine("sglang").cuda_graph
+    assert max(graphs.captured(None, 79.1, 1)) == 160
+    assert graphs.captured(None, 22.0, 1) == (1, 2, 4, 8)
+    assert max(graphs.captured(None, 22.0, 4)) == 80
+    assert max(graphs.captured()) == 160  # no device given: no device cap
+    from simulator.cost.host import host_model
+    assert host_model(load_engine("sglang"), 256, 22.0, 1).graph_sizes == (1, 2, 4, 8)
+    assert host_model(load_engine("vllm"), 256, 22.0, 1).graph_sizes[-1] == 512  # no rows
+    plan = build_plan(make_scenario(engine="sglang"))
+    assert plan.pools[0].cost_models[0].host.graph_sizes[-1] == 160  # type: ignore[attr-defined]

@@ -81,8 +81,10 @@ class HostModel:
         return gpu_s + host_s - self.overlap * min(gpu_s, host_s)
 
 
-def host_model(engine: ServingEngineProfile, max_num_seqs: int | None = None) -> HostModel:
-    """The host costs of a serving-engine profile, with its captured CUDA-graph sizes."""
+def host_model(engine: ServingEngineProfile, max_num_seqs: int | None = None,
+               memory_gib: float | None = None, tp: int = 1) -> HostModel:
+    """The host costs of a serving-engine profile, with its captured CUDA-graph sizes on a
+    device of ``memory_gib`` at TP ``tp`` (None: no device-dependent cap)."""
     graphs = engine.cuda_graph
     return HostModel(
         step_s=engine.step_overhead_us * 1e-6,
@@ -90,7 +92,7 @@ def host_model(engine: ServingEngineProfile, max_num_seqs: int | None = None) ->
         layer_s=engine.per_layer_overhead_us * 1e-6,
         eager_layer_s=engine.per_layer_eager_us * 1e-6,
         overlap=engine.async_overlap,
-        graph_sizes=graphs.captured(max_num_seqs),
+        graph_sizes=graphs.captured(max_num_seqs, memory_gib, tp),
         graph_mixed=graphs.mixed_steps,
         cuda_graphs=engine.cuda_graphs,
     )

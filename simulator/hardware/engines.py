@@ -15,6 +15,17 @@ from simulator.config_io import load_model
 from simulator.errors import ConfigError
 
 
+class GraphCap(BaseModel):
+    """One row of an engine's largest captured batch size by device memory and TP."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_memory_gib: float = Field(0.0, ge=0, description=(
+        "Devices with at least this much runtime-visible memory match."))
+    min_tp: int = Field(1, ge=1, description="Instances with at least this TP size match.")
+    max_size: int = Field(gt=0, description="Largest captured batch size on a match.")
+
+
 class CudaGraphSpec(BaseModel):
     """Which steps replay captured CUDA graphs, and the batch sizes captured."""
 
@@ -28,18 +39,28 @@ class CudaGraphSpec(BaseModel):
     max_size_from_max_num_seqs: float | None = Field(None, gt=0, description=(
         "Cap the captured sizes at this multiple of the scheduler's max_num_seqs, as "
         "vLLM caps them at min(2 x max_num_seqs, 512)."))
+    max_size_by_device: list[GraphCap] = Field(default_factory=list, description=(
+        "Cap the captured sizes by device memory and TP size, the first matching row "
+        "winning (SGLang's cuda_graph_max_bs default by GPU memory); empty = no cap."))
     mixed_steps: bool = Field(False, description=(
         "Steps with prefill tokens replay graphs too (vLLM V1 piecewise graphs over "
         "everything but attention, captured by token count); otherwise only decode-only "
         "steps do."))
 
-    def captured(self, max_num_seqs: int | None = None) -> tuple[int, ...]:
+    def captured(self, max_num_seqs: int | None = None, memory_gib: float | None = None,
+                 tp: int = 1) -> tuple[int, ...]:
+        """The captured sizes for an instance (``memory_gib`` None: no device cap)."""
         out = set(self.sizes)
         for start, stop, step in self.ranges:
             out.update(range(start, stop + 1, step))
         if max_num_seqs is not None and self.max_size_from_max_num_seqs is not None:
             cap = self.max_size_from_max_num_seqs * max_num_seqs
             out = {s for s in out if s <= cap}
+        row = None if memory_gib is None else next(
+            (r for r in self.max_size_by_device
+             if memory_gib >= r.min_memory_gib and tp >= r.min_tp), None)
+        if row is not None:
+            out = {s for s in out if s <= row.max_size}
         return tuple(sorted(out))
 
 

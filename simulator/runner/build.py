@@ -199,7 +199,8 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                     engine=engine.name,
                     **moe_cost_kwargs(pool, model, dev, par, place_, imbalance),
                     **tables,
-                    host=host_model(engine, pool.scheduler.max_num_seqs),
+                    host=host_model(engine, pool.scheduler.max_num_seqs,
+                                    dev.memory_capacity_gib, par.tp),
                 ))
             except ValueError as exc:
                 raise ConfigError(str(exc), file=file, key=f"{key}.parallelism") from None
