@@ -133,7 +133,11 @@ class ServingProcess:
                 continue
             if self._aborts:
                 self._apply_aborts()
-            batch = self._schedule()
+            if self._waiting or self._running or self._swap is not None:
+                batch = self._schedule()
+            else:  # nothing to schedule: every policy returns an empty step, unchanged
+                self._load_changed()
+                batch = None
             if batch is None:
                 self._wake = env.event()
                 yield self._wake

@@ -38,6 +38,7 @@ from __future__ import annotations
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler.base import (
     Admission,
+    KVLedger,
     SchedulerOutput,
     SchedulerView,
     ordered_waiting,
@@ -67,6 +68,9 @@ class VllmV1:
         budget = lim.max_num_batched_tokens
         lookahead, growth_need, decode = lim.lookahead, kv.growth_need, State.DECODE
         i = 0
+        if self._decode_all(running, kv, budget, lookahead, decodes):
+            i = len(running)  # every running request decodes: the pass below is done
+            budget -= i
         while i < len(running) and budget > 0:
             req = running[i]
             if req.in_flight:
@@ -132,6 +136,33 @@ class VllmV1:
             budget -= n
             count += 1
         return out
+
+    @staticmethod
+    def _decode_all(running: list[Request], kv: KVLedger, budget: int, lookahead: int,
+                    decodes: list[Request]) -> bool:
+        """The running pass when it cannot preempt: every running request decodes (none
+        prefills or is in flight), the budget holds one token each, and the blocks they
+        all lack fit at once. Then each one's turn of the pass below would find its
+        blocks (an allocation takes exactly what it books from what can be had, so the
+        checks one by one pass when the sum fits), and the pass is its bookings in
+        order; otherwise (False, nothing booked) the pass runs request by request."""
+        if len(running) > budget:
+            return False
+        decode = State.DECODE
+        for req in running:
+            if req.status is not decode or req.in_flight:
+                return False
+        growth_need = kv.growth_need
+        needs = [growth_need(r, r.prompt_tokens + r.generated + lookahead) for r in running]
+        total = sum([n for n in needs if n > 0])
+        if total and not kv.can_allocate(total):
+            return False
+        if total:
+            for req, n in zip(running, needs, strict=True):
+                if n > 0:
+                    kv.grow(req, n)
+        decodes.extend(running)
+        return True
 
     @staticmethod
     def _unschedule(out: SchedulerOutput, req: Request) -> int:
