@@ -15,6 +15,7 @@ from simulator.engine import step_prices
 from simulator.engine.recorder import STEP_COLUMNS
 from simulator.engine.step_prices import (
     BLOCK,
+    WINDOW,
     PriceTables,
     StepPrices,
     prices_elementwise,
@@ -83,22 +84,41 @@ def test_kept_prices_equal_a_direct_call(which: int, stretches: list[tuple[int, 
         assert len(prices._blocks) <= max_blocks
 
 
-def test_a_stretch_inside_one_block_reuses_it() -> None:
-    cost = TABLED[0]
-    prices = StepPrices(cost)
-    calls = []
+def _counting(cost: Any, mp: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
     real = cost.decode_series
 
     def counting(n: int, ctx: np.ndarray) -> Any:
         calls.append(len(ctx))
         return real(n, ctx)
 
+    mp.setattr(cost, "decode_series", counting)
+    return calls
+
+
+def test_a_stretch_inside_one_window_reuses_it() -> None:
+    cost = TABLED[0]
+    prices = StepPrices(cost)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cost, "decode_series", counting)
+        calls = _counting(cost, mp)
         prices.series(8, 3 * BLOCK + 5, 20)
-        prices.series(8, 3 * BLOCK + 6, 30)  # same block, another residue: no call
-        prices.series(9, 3 * BLOCK + 6, 30)  # another batch size: its own block
-    assert calls == [BLOCK, BLOCK]
+        prices.series(8, 3 * BLOCK + 6, 30)  # same window, another residue: no call
+        prices.series(9, 3 * BLOCK + 6, 30)  # another batch size: its own window
+    assert calls == [WINDOW, WINDOW]
+
+
+def test_a_stretch_across_a_block_edge_reads_one_window() -> None:
+    """Windows overlap by a block: a stretch starting near a block's end runs on into the
+    next block inside the same window (one call, no join of two)."""
+    cost = TABLED[0]
+    prices = StepPrices(cost)
+    with pytest.MonkeyPatch.context() as mp:
+        calls = _counting(cost, mp)
+        got = prices.series(16, 4 * BLOCK - 40, 20)  # sums 4*BLOCK-40 .. 4*BLOCK+264
+        prices.series(16, 4 * BLOCK - 8, 30)
+    assert calls == [WINDOW]
+    want = cost.decode_series(16, 4 * BLOCK - 40 + 16 * np.arange(20, dtype=np.int64))
+    assert_same_series(got, want)
 
 
 @settings(max_examples=40, deadline=None)
