@@ -4,6 +4,9 @@ The instance is split by concern:
 
 * this module — the public face: what the router, the cluster and the autoscaler read
   and change, every member behind the fast-forward gate;
+* :mod:`~simulator.engine.instance_life` — the gated members of its life outside
+  serving: liveness, power, draining, stragglers, autoscaling signals, failure and
+  recovery;
 * :mod:`~simulator.engine.process` — the SimPy loop (schedule → predict → wait → apply);
 * :mod:`~simulator.engine.scheduler` — the batching policy, pure;
 * :mod:`~simulator.engine.kv_manager` — KV blocks and the prefix cache;
@@ -30,11 +33,12 @@ from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import SchedulerSpec
 from simulator.engine.fast_forward import Jump, mutates, observes
+from simulator.engine.instance_life import InstanceLife
 from simulator.engine.kv_manager import KVManager
 from simulator.engine.lifecycle import Lifecycle
 from simulator.engine.pipeline import Pipeline
 from simulator.engine.prefix_cache import Below, PrefixCache
-from simulator.engine.process import Batch, ServingProcess
+from simulator.engine.process import Batch
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler import EngineLimits, make_scheduler
 from simulator.engine.step_prices import StepPrices
@@ -47,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["Batch", "Instance"]
 
 
-class Instance(ServingProcess):
+class Instance(InstanceLife):
     """One replica. Public attributes are fixed at construction; all state is private and
     reached through gated methods (see the module docstring)."""
 
@@ -161,28 +165,6 @@ class Instance(ServingProcess):
 
     @property
     @observes
-    def alive(self) -> bool:
-        return self._life.alive
-
-    @property
-    @observes
-    def active(self) -> bool:
-        """Powered on and started (autoscaled instances may be off)."""
-        return self._life.active
-
-    @property
-    @observes
-    def accepting(self) -> bool:
-        """Takes new work: alive, powered and not draining."""
-        return self._life.accepting
-
-    @property
-    @observes
-    def draining(self) -> bool:
-        return self._life.draining
-
-    @property
-    @observes
     def idle(self) -> bool:
         return not (self._waiting or self._running or self._held or self._reserved
                     or self._pipe.in_flight or (self._swap is not None and self._swap.pending))
@@ -246,16 +228,6 @@ class Instance(ServingProcess):
     def prefix_match_tokens(self, req: Request) -> int:
         """Prompt tokens this instance's prefix cache would spare ``req`` now."""
         return self._kv.prefix_match_tokens(req)
-
-    @observes
-    def take_signals(self, kind: str) -> list[float]:
-        """The TTFT or TPOT samples since the last call (the autoscaler's signal)."""
-        return self._life.take(kind)
-
-    @observes
-    def powered_until(self, end: float) -> float:
-        """Seconds this instance was powered from t=0 to ``end``."""
-        return self._life.powered_until(end)
 
     # ----- what they change ------------------------------------------------------------
     @mutates
@@ -375,82 +347,6 @@ class Instance(ServingProcess):
         self._prices.clear()  # nothing is priced any more
         if self.process.is_alive:
             self.process.interrupt("stop")
-
-    @mutates
-    def collect_signals(self) -> None:
-        """From now on keep TTFT/TPOT samples for :meth:`take_signals`."""
-        self._life.collect = True
-
-    @mutates
-    def set_speed(self, factor: float) -> None:
-        """Straggler: every step from the next one takes ``factor`` times longer."""
-        self._life.speed = factor
-
-    @mutates
-    def power(self, on: bool) -> None:
-        self._life.power(on, self.env.now)
-
-    @mutates
-    def switch_off(self) -> None:
-        """Not serving and not powered (an autoscaled instance off, or drained)."""
-        self._life.switch_off(self.env.now)
-
-    @mutates
-    def start_serving(self) -> None:
-        """Powered and started: takes work."""
-        self._life.start_serving()
-
-    @mutates
-    def drain(self) -> None:
-        """Take no new work; finish what is here."""
-        self._life.draining = True
-
-    # ----- faults ---------------------------------------------------------------------
-    @mutates
-    def fail(self) -> tuple[list[Request], list[Request], list[Request]]:
-        """Lose every request's KV and stop; return (to recompute, held, reserved).
-
-        Requests waiting or running here must be prefilled again elsewhere; ``held`` ones
-        (prefill role) lost the KV they were handing off; ``reserved`` ones (decode role)
-        were being sent here and can be sent elsewhere from their prefill instance.
-        """
-        jump = self._jump
-        if jump is not None:
-            # Book the decode steps of the jump that finished before the failure; the
-            # step running at the failure is lost, as it would be step by step.
-            self._jump = None
-            done = jump.steps_ended_by(self.env.now)
-            if done:
-                self._apply_jump(jump, done)
-        lost = [r for r in (*self._waiting, *self._running) if r.status is not State.CANCELLED]
-        self._aborts.clear()
-        if self._swap is not None:
-            lost += self._swap.lose_all()
-        held = list(self._held.values())
-        reserved = list(self._reserved.values())
-        self._waiting.clear()
-        self._running.clear()
-        self._held.clear()
-        self._reserved.clear()
-        self._queued_tokens = 0
-        self._pipe.reset(self.env.now)
-        self._kv.reset()
-        for req in lost + held + reserved:
-            req.in_flight = False
-            req.blocks = 0
-            req.src_blocks = 0
-            req.cache_pins = 0
-        self._life.fail()
-        if self.process.is_alive:
-            self.process.interrupt("fail")
-        return lost, held, reserved
-
-    @mutates
-    def recover(self) -> None:
-        self._life.recover()
-        revive = self._revive
-        if revive is not None and not revive.triggered:
-            revive.succeed()
 
 
 def _class_priority(req: Request) -> float:
