@@ -1,6 +1,6 @@
-"""vLLM V1's running pass, taken at once when every running request decodes and the KV
-they lack fits (``VllmV1._decode_all``), must decide exactly what the pass request by
-request decides: same decodes, chunks, preemptions, admissions and KV booked."""
+"""vLLM V1's running pass, its leading decodes booked at once when the KV they lack fits
+(``VllmV1._decode_prefix``), must decide exactly what the pass request by request
+decides: same decodes, chunks, preemptions, admissions and KV booked."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _schedule(spec: dict[str, Any], one_by_one: bool) -> tuple[Any, ...]:
     running, queue, ledger = _build(spec)
     policy = VllmV1(chunked=spec["chunked"])
     if one_by_one:
-        policy._decode_all = lambda *args: False  # type: ignore[method-assign]
+        policy._decode_prefix = lambda *args: 0  # type: ignore[method-assign]
     cap = max(spec["seqs"], len(running))
     limits = EngineLimits(max_num_seqs=cap, max_num_batched_tokens=spec["tokens"],
                           max_running=cap, lookahead=spec["lookahead"])
@@ -90,20 +90,25 @@ def _decoding(n: int, free: int) -> tuple[list[Request], PlainLedger]:
     return running, ledger
 
 
-def test_the_decode_pass_is_taken_only_when_it_cannot_preempt() -> None:
+def test_the_leading_decodes_are_booked_at_once_only_when_they_cannot_preempt() -> None:
     running, ledger = _decoding(4, free=4)
-    assert VllmV1._decode_all(running, ledger, 8, 0, out := [])
+    assert VllmV1._decode_prefix(running, ledger, 8, 0, out := []) == 4
     assert out == running
     assert ledger.free == 0
     assert all(ledger.blocks[r.id] == 3 for r in running)
     # One block short: the pass one by one preempts; nothing is booked here.
     running, ledger = _decoding(4, free=3)
-    assert not VllmV1._decode_all(running, ledger, 8, 0, out := [])
+    assert VllmV1._decode_prefix(running, ledger, 8, 0, out := []) == 0
     assert out == []
     assert ledger.free == 3
-    # A budget smaller than the batch, or a prefilling request: one by one.
+    # A budget of 3 tokens: the first three decodes.
     running, ledger = _decoding(4, free=4)
-    assert not VllmV1._decode_all(running, ledger, 3, 0, [])
+    assert VllmV1._decode_prefix(running, ledger, 3, 0, out := []) == 3
+    assert out == running[:3]
+    # A prefilling request ends the leading decodes.
+    running, ledger = _decoding(4, free=4)
     running[2].move_to(State.QUEUED)
     running[2].move_to(State.PREFILL)
-    assert not VllmV1._decode_all(running, ledger, 8, 0, [])
+    assert VllmV1._decode_prefix(running, ledger, 8, 0, out := []) == 2
+    assert out == running[:2]
+    assert ledger.free == 2

@@ -68,9 +68,8 @@ class VllmV1:
         budget = lim.max_num_batched_tokens
         lookahead, growth_need, decode = lim.lookahead, kv.growth_need, State.DECODE
         i = 0
-        if self._decode_all(running, kv, budget, lookahead, decodes):
-            i = len(running)  # every running request decodes: the pass below is done
-            budget -= i
+        i = self._decode_prefix(running, kv, budget, lookahead, decodes)
+        budget -= i  # the leading decodes booked at once: the pass goes on after them
         while i < len(running) and budget > 0:
             req = running[i]
             if req.in_flight:
@@ -138,31 +137,36 @@ class VllmV1:
         return out
 
     @staticmethod
-    def _decode_all(running: list[Request], kv: KVLedger, budget: int, lookahead: int,
-                    decodes: list[Request]) -> bool:
-        """The running pass when it cannot preempt: every running request decodes (none
-        prefills or is in flight), the budget holds one token each, and the blocks they
-        all lack fit at once. Then each one's turn of the pass below would find its
-        blocks (an allocation takes exactly what it books from what can be had, so the
-        checks one by one pass when the sum fits), and the pass is its bookings in
-        order; otherwise (False, nothing booked) the pass runs request by request."""
-        if len(running) > budget:
-            return False
+    def _decode_prefix(running: list[Request], kv: KVLedger, budget: int, lookahead: int,
+                       decodes: list[Request]) -> int:
+        """The start of the running pass, where it cannot preempt: the leading running
+        requests that decode (up to the first that prefills or is in flight, and at most
+        one per token of the budget), if the blocks they all lack fit at once. Their turns
+        of the pass one by one would each find its blocks (an allocation takes exactly
+        what it books from what can be had, so the checks one by one pass when the sum
+        fits): the pass is then their bookings in order, and goes on one by one after
+        them. Returns how many were booked (0: none, the pass runs from the start)."""
         decode = State.DECODE
+        m = 0
         for req in running:
             if req.status is not decode or req.in_flight:
-                return False
+                break
+            m += 1
+        m = min(m, budget)
+        if not m:
+            return 0
+        lead = running[:m] if m < len(running) else running
         growth_need = kv.growth_need
-        needs = [growth_need(r, r.prompt_tokens + r.generated + lookahead) for r in running]
+        needs = [growth_need(r, r.prompt_tokens + r.generated + lookahead) for r in lead]
         total = sum([n for n in needs if n > 0])
-        if total and not kv.can_allocate(total):
-            return False
         if total:
-            for req, n in zip(running, needs, strict=True):
+            if not kv.can_allocate(total):
+                return 0
+            for req, n in zip(lead, needs, strict=True):
                 if n > 0:
                     kv.grow(req, n)
-        decodes.extend(running)
-        return True
+        decodes.extend(lead)
+        return m
 
     @staticmethod
     def _unschedule(out: SchedulerOutput, req: Request) -> int:
