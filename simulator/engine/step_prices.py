@@ -51,8 +51,11 @@ WINDOW = 2 * BLOCK
 so a stretch spanning up to ``BLOCK`` sums reads one window, wherever it starts."""
 MAX_SPAN = 3
 """A stretch whose context sums span more blocks than this is priced directly."""
-MAX_STEPS = 4096
-"""Prefill step prices kept per instance (about 2.5 MB)."""
+MAX_STEPS = 8192
+"""Prefill step prices kept per table (about 1.6 KB each, so at most about 13 MB): one
+per prompt length up to 8,192 tokens. On 1P1D Llama-3.1-70B at 50k requests (prompts
+up to 8,192 tokens) 7,573 prompt shapes are priced with room for 8,192, 8,556 with room
+for 4,096 (shapes dropped and priced again)."""
 MAX_BLOCKS = 1024
 """Windows kept per instance (at most about 18 MB), least recently used dropped first."""
 
