@@ -23,11 +23,14 @@ import yaml
 from simulator.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED
 from tests.conftest import REPO
 
-RUNS = 6
+# Enough runs, each long enough, that the sweep cannot finish between the first saved run
+# and the signal even on a loaded machine (with 6 runs of 2,500 requests, about 0.4 s each,
+# the last four could end before the signal arrived, and the sweep exited 0).
+RUNS = 12
 CODE = "import sys; from simulator.cli import main; main(sys.argv[1:])"
 
 
-def sweep_file(tmp_path: Path, requests: int = 2500) -> Path:
+def sweep_file(tmp_path: Path, requests: int = 5000) -> Path:
     base = {"model": "Llama-3.1-8B",
             "workload": {"arrival": {"kind": "poisson", "rate_per_s": 40},
                          "input_tokens": {"kind": "fixed", "tokens": 64},
