@@ -20,7 +20,14 @@ from simulator.cost.collectives import allreduce_time
 from simulator.cost.dp_attention import extend_tokens
 from simulator.cost.moe_comm import DeepEPMode, EPGroup, deepep_kernel, moe_exchange_seconds
 from simulator.cost.parallel import Parallelism
-from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_units, op_time, quantisation
+from simulator.cost.roofline import (
+    DECODE_SPLIT_TOKENS,
+    decode_units,
+    kv_reread_bytes,
+    op_time,
+    prefill_tiles,
+    quantisation,
+)
 from simulator.hardware.profiles import DeviceProfile, OperatorFit
 from simulator.models.arch import ModelConfig
 
@@ -171,17 +178,24 @@ class OperatorPricing:
         else:
             per_pair = 4 * heads * m.head_dim
         io_width = (m.q_width + m.attn_out_width) / t
-        nbytes = (b.prefill_kv_tokens * self.kv_elements_per_token_per_layer_device()
-                  * self._kvb + tokens * io_width * self._ab)
+        kv_token = self.kv_elements_per_token_per_layer_device() * self._kvb
+        nbytes = b.prefill_kv_tokens * kv_token + tokens * io_width * self._ab
+        fit = self._fits.get("attention_prefill")
+        if m.attention != "mla":  # K/V re-read per query block (FlashAttention-class)
+            nbytes += kv_reread_bytes(pairs, kv_token)
+            if fit is not None:  # tiles chosen by head dimension
+                scale = fit.work_scale(m.head_dim)
+                per_pair, nbytes = per_pair * scale, nbytes * scale
         longest = (min(b.prefill_max_tokens, tokens) if b.prefill_max_tokens
                    else self._longest_chunk(seqs, tokens, pairs))
         longest = max(longest, math.ceil(tokens / seqs))
-        quant = self._quant("attention_prefill", (seqs * heads, float(longest), 1.0, m.head_dim))
+        shape = prefill_tiles(seqs, float(longest), heads, float(self.kv_heads_per_device),
+                              m.head_dim, fit is not None and fit.pack_gqa)
+        quant = self._quant("attention_prefill", shape)
         if seqs > 1 and quant != 1.0:
             # The tiles hold ``tokens`` rows, not ``seqs * longest``.
             quant *= seqs * longest / tokens * max(1.0, tokens * (longest + 1) / 2 / pairs)
         batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
-        fit = self._fits.get("attention_prefill")
         if fit is None or seqs <= 1:
             return batch
         # Cached context is not in the tile bound: the batch also costs at least its longest

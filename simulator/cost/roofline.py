@@ -80,6 +80,40 @@ def decode_units(seqs: Any, ctx_tokens: Any, kv_heads: Any,
     return kv_heads * np.maximum(seqs, np.asarray(ctx_tokens, dtype=float) / split)
 
 
+PREFILL_BLOCK_M = 128
+"""Query rows per thread block of a FlashAttention-class prefill kernel (FlashAttention-2
+``kBlockM`` = 128 for head dims up to 128, csrc/flash_attn/src/flash_fwd_launch_template.h;
+FlashAttention-3 hopper/tile_size.h likewise 128 rows for head dim 128)."""
+
+
+def kv_reread_bytes(pairs: Any, kv_bytes_per_token: Any) -> Any:
+    """Bytes a prefill attention kernel streams re-reading K and V: each block of
+    ``PREFILL_BLOCK_M`` query rows loads every key/value before it (FlashAttention-2,
+    Dao 2023, section 3.1: K and V are read once per query block; causal blocks past the
+    diagonal are skipped), so the KV traffic is ``pairs / PREFILL_BLOCK_M`` tokens of KV,
+    counted per KV head (the query heads sharing one are served from L2). With few KV
+    heads it is small against the FLOPs; with one per query head (MHA) it can bound the
+    kernel. Grows with every token, so a larger batch is never cheaper."""
+    return pairs / PREFILL_BLOCK_M * kv_bytes_per_token
+
+
+def prefill_tiles(seqs: Any, rows: Any, heads: Any, kv_heads: Any, head_dim: Any,
+                  pack_gqa: bool = False) -> tuple[Any, Any, Any, Any]:
+    """``(groups, m, n, k)`` tile shape of prefill attention for :func:`quantisation`:
+    ``rows`` query rows of each of ``seqs`` sequences (``k``, the head dimension, is not
+    used: attention fits have neither split-K nor per-tile fixed work).
+
+    ``pack_gqa``: the query heads sharing a KV head are packed into the block's rows
+    (FlashAttention-3 PackGQA, always on for the variable-length batches the engines run and
+    never for MHA; hopper/heuristics.h ``should_pack_gqa``, flash_api.cpp ``get_pack_gqa``),
+    so a block covers ``rows * heads / kv_heads`` rows of one (sequence, KV head) and short
+    prompts of a GQA model fill their blocks. Whether a device's kernels pack is chosen by
+    the fit (``OperatorFit.pack_gqa``)."""
+    if pack_gqa:
+        return seqs * kv_heads, rows * heads / kv_heads, 1.0, head_dim
+    return seqs * heads, rows, 1.0, head_dim
+
+
 MIN_TILE_M = 16
 """Smallest tile along ``m``: Ampere's ``mma.m16n8k16`` and the M16 bucket of vLLM's
 CUTLASS GEMM dispatch (vllm-project/vllm csrc/quantization/cutlass_w8a8/c3x/
@@ -132,13 +166,16 @@ def gemm_tiles(groups: Any, m: Any, n: Any, k: Any, tile_m: int, tile_n: int,
     the most k-slices one tile may be split into (1 without ``split_k``).
 
     ``tile_n = 0`` counts ``n`` as a number of independent units (attention heads), each
-    one tile wide. Grouped MoE GEMMs: ``groups`` experts of ``m`` tokens each. With
-    ``split_k`` a kernel of fewer tiles than SMs splits ``k`` over ``floor(SMs / tiles)``
-    blocks per tile (cuBLAS split-K, CUTLASS stream-K; at least ``SPLIT_K_TILE`` of k per
-    split): counted here as more blocks of proportionally less work, see
-    :func:`wave_factor`'s ``sms``.
+    one tile wide, and keeps the full ``tile_m`` along ``m``: a FlashAttention-class kernel
+    has one query-block size per head dimension (``kBlockM``, csrc/flash_attn/src/
+    flash_fwd_launch_template.h), so a 16-token prompt still occupies a whole block; only
+    the GEMM dispatch picks smaller tiles for small ``m`` (:func:`tile_m_for`). Grouped MoE
+    GEMMs: ``groups`` experts of ``m`` tokens each. With ``split_k`` a kernel of fewer
+    tiles than SMs splits ``k`` over ``floor(SMs / tiles)`` blocks per tile (cuBLAS
+    split-K, CUTLASS stream-K; at least ``SPLIT_K_TILE`` of k per split): counted here
+    as more blocks of proportionally less work, see :func:`wave_factor`'s ``sms``.
     """
-    tm = tile_m_for(m, tile_m)
+    tm = tile_m_for(m, tile_m) if tile_n else tile_m
     m = _max(m, 1e-9)
     cols = n / tile_n if tile_n else n
     whole = groups * _ceil(m / tm) * (_ceil(cols) if tile_n else cols)

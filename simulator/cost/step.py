@@ -119,9 +119,12 @@ class InstanceCostModel(OperatorPricing):
             for label in ("gemm_attention", "gemm_ffn", "gemm_moe_dense", "lm_head"):
                 out[label] = gemm
         if self.model.attention != "mla":  # MLA kernels are not in the fitted families
+            # An FP8 KV cache runs kernels of its own, fitted separately where measured.
+            kv8 = "_kv_fp8" if self.precisions.kv_cache == "fp8" else ""
             for label in ("attention_prefill", "attention_decode"):
-                if label in fits:
-                    out[label] = fits[label]
+                fit = fits.get(label + kv8) or fits.get(label)
+                if fit is not None:
+                    out[label] = fit
         moe = fits.get("moe_fp8" if low == "_fp8" else "moe" if not low else "")
         if moe is not None:
             out["moe"] = moe

@@ -81,7 +81,12 @@ class Efficiency(_Frozen):
 
 
 OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "attention_decode",
+                        "attention_prefill_kv_fp8", "attention_decode_kv_fp8",
                         "moe", "moe_fp8", "elementwise"]
+"""``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit)."""
+
+HEAD_DIM_REF = 128
+"""Head dimension at which :attr:`OperatorFit.head_dim_exp` scales nothing."""
 
 
 class OperatorFit(_Frozen):
@@ -131,7 +136,23 @@ class OperatorFit(_Frozen):
     tile_k0: int = Field(0, ge=0, description=(
         "GEMM and grouped MoE: fixed work of each tile (or k-slice) in units of k, its "
         "mainloop pipeline fill and epilogue: a tile of depth k costs as k + tile_k0."))
+    pack_gqa: bool = Field(False, description=(
+        "Prefill attention: the query heads sharing a KV head are packed into one block's "
+        "rows (FlashAttention-3 PackGQA; simulator.cost.roofline.prefill_tiles)."))
+    head_dim_exp: float = Field(0.0, ge=-2, le=2, description=(
+        "Attention: FLOPs and bytes are scaled by (head_dim / 128) ** head_dim_exp. The "
+        "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
+        "fewer key columns per tile as head_dim grows, for registers and shared memory), so "
+        "large head dims run further from peak."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
+
+    def work_scale(self, head_dim: Any) -> Any:
+        """Multiplier of an attention operator's FLOPs and bytes for its head dimension."""
+        if not self.head_dim_exp:
+            return 1.0
+        if isinstance(head_dim, np.ndarray):
+            return (head_dim / HEAD_DIM_REF) ** self.head_dim_exp
+        return float(head_dim / HEAD_DIM_REF) ** self.head_dim_exp
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
               units: Any = 1.0, quant: Any = 1.0) -> tuple[Any, Any]:

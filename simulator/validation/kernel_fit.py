@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -35,12 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from simulator.cost.roofline import decode_units, op_time, quantisation
+from simulator.cost.roofline import decode_units, op_time, prefill_tiles, quantisation
 from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
-from simulator.hardware.registry import device_names, load_device, profiles_dir
+from simulator.hardware.registry import device_names, load_device
 from simulator.runner.kernel_tables import _pick_version, package_version, tables_root
 from simulator.validation.calibrate import levenberg_marquardt
 from simulator.validation.kernel_fit_comm import _ape, allreduce_curves
+from simulator.validation.kernel_fit_profile import write_profile
 from simulator.validation.kernel_fit_report import interpolation_errors
 from simulator.validation.kernel_fit_samples import (
     HOLDOUT_SHARE,
@@ -72,7 +72,7 @@ tiles are chosen."""
 
 
 def tile_choices(op: str) -> tuple[tuple[int, int, bool], ...]:
-    return TILE_CHOICES.get(op, TILE_CHOICES["gemm"])
+    return TILE_CHOICES.get(op.removesuffix("_kv_fp8"), TILE_CHOICES["gemm"])
 
 
 def _sig(v: float) -> float:
@@ -94,12 +94,16 @@ def _exp(v: float) -> float:
 
 
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
-            split_k: bool = False, fill: bool = True, tile_k0: int = 0) -> OperatorFit:
+            split_k: bool = False, fill: bool = True, tile_k0: int = 0,
+            pack_gqa: bool = False) -> OperatorFit:
+    # x[7], where present, is the head-dimension exponent (attention families only).
     return OperatorFit(compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
                        half_units=_exp(x[5]) if fill else 0.0,
                        per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
-                       split_k=split_k, tile_k0=tile_k0 if tile_m else 0)
+                       split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
+                       head_dim_exp=float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0,
+                       pack_gqa=pack_gqa and bool(tile_m))
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -110,6 +114,9 @@ def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
         return samples.units[idx], 1.0
     shape = tuple(a[idx] for a in samples.tiles)
     units = samples.units[idx]
+    if samples.prefill:
+        seqs, rows, heads, kv_heads, head_dim = shape
+        shape = prefill_tiles(seqs, rows, heads, kv_heads, head_dim, fitted.pack_gqa)
     if samples.decode:
         units = decode_units(shape[0], shape[1], shape[2], fitted.tile_m)
     return units, quantisation(fitted, shape, device.sm_count, samples.decode)
@@ -119,9 +126,10 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
             idx: np.ndarray) -> np.ndarray:
     """Seconds ``fitted`` gives the measured shapes ``idx``."""
     units, quant = _work(samples, fitted, device, idx)
+    scale = fitted.work_scale(samples.head_dim[idx]) if samples.head_dim is not None else 1.0
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
-                                     device.memory_bandwidth, samples.flops[idx],
-                                     samples.nbytes[idx], units, samples.rows[idx], quant))
+                                     device.memory_bandwidth, samples.flops[idx] * scale,
+                                     samples.nbytes[idx] * scale, units, samples.rows[idx], quant))
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -131,33 +139,38 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        memory=round(f.memory, 4), half_bytes=sig4(f.half_bytes),
                        half_units=sig4(f.half_units), floor_us=round(f.floor_us, 3),
                        per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
-                       tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0)
+                       tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
+                       head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
-        split_k: bool = False, tile_k0: int = 0) -> OperatorFit:
+        split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
-    given tile sizes (0: no tile/wave quantisation)."""
+    given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
+    without GQA packing."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f, b, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.rows))
-    u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k, True, tile_k0),
-                 device, idx)
+    u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k, True, tile_k0,
+                                  pack_gqa), device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.decode  # see the note above _to_fit
+    hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
     def residual(x: np.ndarray) -> np.ndarray:
-        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0)
-        return np.log(model.seconds(peak, bw, f, b, u, r, q)) - log_t
+        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa)
+        s = model.work_scale(hd) if hd is not None else 1.0
+        return np.log(model.seconds(peak, bw, f * s, b * s, u, r, q)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
     starts = ((0.7, 1e9, 1e6, 5.0, 1.0, 1.0), (0.5, 1e10, 1e7, 10.0, 30.0, 100.0),
               (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
     for c0, fh0, bh0, fl0, uh0, rp0 in starts:
         x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
-                       math.log(fl0), math.log(uh0), math.log(rp0)])
+                       math.log(fl0), math.log(uh0), math.log(rp0), *([0.0] if hd is not None
+                                                                      else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -173,7 +186,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
-                            tile_k0))
+                            tile_k0, pack_gqa))
 
 
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
@@ -208,7 +221,7 @@ def tile_label(fitted: OperatorFit) -> str:
     if not fitted.tile_m:
         return "-"
     size = f"{fitted.tile_m}x{fitted.tile_n}" if fitted.tile_n else f"{fitted.tile_m}"
-    return (size + ("+split-K" if fitted.split_k else "")
+    return (size + ("+split-K" if fitted.split_k else "") + ("+packGQA" if fitted.pack_gqa else "")
             + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
 
 
@@ -235,18 +248,48 @@ def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, Operato
         if best is None or score < best[0]:
             best = (score, samples, fitted)
 
+    packs = (False, True) if family.prefill else (False,)
     for samples, unit in variants:
         for tile_m, tile_n, split_k in tiles:
-            consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k))
+            for pack in packs if tile_m else (False,):
+                consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack))
     assert best is not None
     # GEMM-like families: the per-tile fixed work, given the chosen tiles.
     chosen: OperatorFit = best[2]
     if chosen.tile_n:
         for k0 in K0_CHOICES[1:]:
             consider(best[1], chosen.row_unit, fit(best[1], device, chosen.tile_m, chosen.tile_n,
-                                                   chosen.split_k, k0))
+                                                   chosen.split_k, k0, chosen.pack_gqa))
     assert best is not None
     return best[1], best[2]
+
+
+def both_kv_row(scored: dict[str, Samples], fits: dict[str, OperatorFit], base: str,
+                device: DeviceProfile, engine: str) -> dict[str, Any] | None:
+    """Held-out error of an attention family over BF16 and FP8 KV caches together, each
+    shape priced as the step model prices it (the ``_kv_fp8`` fit, else the BF16-KV fit,
+    else the device-wide constants): comparable with a fit of both on one curve."""
+    parts = [(scored[op], fits.get(op) or fits.get(base)) for op in (base, base + "_kv_fp8")
+             if op in scored]
+    if len(parts) < 2:
+        return None
+    before, after = [], []
+    for s, fitted in parts:
+        ho = np.flatnonzero(s.held_out)
+        t = s.seconds[ho]
+        roof = np.array([op_time(device, s.precision, f, b).seconds
+                         for f, b in zip(s.flops[ho], s.nbytes[ho], strict=True)])
+        before.append(_ape(roof, t))
+        after.append((predict(s, device, fitted, ho) if fitted else roof) / t - 1)
+    err = np.concatenate(after)
+    a = np.abs(err) * 100
+    return {"device": device.name, "engine": engine, "op": base + "_all_kv", "kept": True,
+            "held_out_rows": len(a), "fit_rows": sum(int((~s.held_out).sum()) for s, _ in parts),
+            "median_ape_before": round(float(np.median(np.concatenate(before))), 1),
+            "median_ape_after": round(float(np.median(a)), 1),
+            "p90_ape_after": round(float(np.percentile(a, 90)), 1),
+            "median_error_after": round(float(np.median(err) * 100), 1),
+            "tiles": "both KV fits"}
 
 
 def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | None
@@ -270,10 +313,12 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     if comm is not None:
         used.append(f"comm/{engine}/{comm.name}")
         curves, rows = allreduce_curves(comm, device, engine)
+    scored: dict[str, Samples] = {}
     for family in samples:
         if (~family.held_out).sum() < 20 or family.held_out.sum() < 5:
             continue
         s, fitted = fit_family(family, device)
+        scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         # Keep a fit only where it beats the device-wide constants on the shapes it was
         # fitted on (the held-out shapes are never used to choose).
@@ -281,45 +326,12 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         if row["kept"]:
             fits[s.op] = fitted
         rows.append(row)
+    rows += [r for base in ("attention_prefill", "attention_decode")
+             if (r := both_kv_row(scored, fits, base, device, engine))]
     source = (f"aiconfigurator-core {package_version(root)} systems/data/{device.kernel_tables}/"
               f"{{{', '.join(used)}}} (fitted by simulator/validation/kernel_fit.py, "
               f"{int(HOLDOUT_SHARE * 100)} % of shapes held out)")
     return fits, curves, rows, source
-
-
-def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
-                  curves: list[CollectiveCurve], engine: str, source: str) -> Path:
-    """Rewrite the ``operators:`` block at the end of the device's YAML (other engines kept)."""
-    path = next(p for p in sorted((profiles_dir() / "devices").glob("*.yaml"))
-                if load_device(p.stem).name == device.name)
-    engines: dict[str, tuple[str, dict[str, OperatorFit], list[CollectiveCurve]]] = {
-        name: (f.source, {str(k): v for k, v in f.fits.items()}, list(f.allreduce))
-        for name, f in (device.operators or {}).items()}
-    engines[engine] = (source, fits, curves)
-    text = path.read_text()
-    text = re.sub(r"\n# Per-operator roofline.*\Z", "\n", text, flags=re.S).rstrip() + "\n"
-    block = ["", "# Per-operator roofline fitted on measured kernel tables, per serving engine;",
-             "# regenerate with: python -m simulator.validation.kernel_fit --write", "operators:"]
-    for name, (src, engine_fits, engine_curves) in sorted(engines.items()):
-        block += [f"  {name}:", f"    source: \"{src}\"", "    fits:" if engine_fits else "    fits: {}"]
-        for op, f in sorted(engine_fits.items()):
-            dumped = f.model_dump()
-            if dumped["row_unit"] == "query_head":  # the default: keep the lines short
-                del dumped["row_unit"]
-            for off in ("tile_m", "tile_n", "split_k", "tile_k0"):
-                if not dumped[off]:
-                    del dumped[off]
-            fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
-                               for k, v in dumped.items())
-            block.append(f"      {op}: {{{fields}}}")
-        if engine_curves:
-            block.append("    allreduce:   # [bytes, microseconds]")
-        for c in engine_curves:
-            knots = ", ".join(f"[{b:.0f}, {t:g}]" for b, t in c.points)
-            block.append(f"      - {{ranks: {c.ranks}, points: [{knots}]}}")
-    path.write_text(text + "\n".join(block) + "\n")
-    load_device.cache_clear()
-    return path
 
 
 def main(argv: list[str] | None = None) -> None:

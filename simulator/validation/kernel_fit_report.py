@@ -71,6 +71,8 @@ def _family(op: str) -> str:
 
 
 def _label(op: str) -> str:
+    if op.endswith("_all_kv"):
+        return f"{op.removesuffix('_all_kv')} (BF16 + FP8 KV)"
     return f"all-reduce ×{op.split('_')[1]}" if op.startswith("allreduce") else op
 
 
@@ -83,7 +85,7 @@ def device_table(rows: Rows, previous: Rows, engine: str) -> list[str]:
     out = ["| device | operator | held-out shapes | roofline % | previous fit % | this fit % "
            "| p90 % | bias % | tiles | used |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows.get(engine, []):
-        prev = old.get((engine, r["device"], r["op"]))
+        prev = old.get((engine, r["device"], r["op"].removesuffix("_all_kv")))
         used = "yes" if r["kept"] else "no (device-wide kept)"
         out.append(f"| {r['device']} | {_label(r['op'])} | {r['held_out_rows']} | "
                    f"{r['median_ape_before']} | {prev['median_ape_after'] if prev else '–'} | "
@@ -115,7 +117,9 @@ def summary_table(rows: Rows, previous: Rows) -> list[str]:
         for r in previous.get(engine, []):
             old.setdefault(_family(r["op"]), []).append(r)
         for fam, part in families.items():
-            prev = f"{_median(old[fam], 'median_ape_after')}" if fam in old else "–"
+            # Attention over both KV caches is comparable with one fit of both.
+            was = fam.removesuffix("_all_kv")
+            prev = f"{_median(old[was], 'median_ape_after')}" if was in old else "–"
             after = _by_device(part, "median_ape_after")
             met = sum(v <= 10 for v in after.values())
             out.append(f"| {engine} | {fam} | {len(after)} | {_median(part, 'median_ape_before')} "

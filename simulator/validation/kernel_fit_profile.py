@@ -1,0 +1,44 @@
+"""Write fitted constants into the device profiles (:mod:`simulator.validation.kernel_fit`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
+from simulator.hardware.registry import load_device, profiles_dir
+
+
+def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
+                  curves: list[CollectiveCurve], engine: str, source: str) -> Path:
+    """Rewrite the ``operators:`` block at the end of the device's YAML (other engines kept)."""
+    path = next(p for p in sorted((profiles_dir() / "devices").glob("*.yaml"))
+                if load_device(p.stem).name == device.name)
+    engines: dict[str, tuple[str, dict[str, OperatorFit], list[CollectiveCurve]]] = {
+        name: (f.source, {str(k): v for k, v in f.fits.items()}, list(f.allreduce))
+        for name, f in (device.operators or {}).items()}
+    engines[engine] = (source, fits, curves)
+    text = path.read_text()
+    text = re.sub(r"\n# Per-operator roofline.*\Z", "\n", text, flags=re.S).rstrip() + "\n"
+    block = ["", "# Per-operator roofline fitted on measured kernel tables, per serving engine;",
+             "# regenerate with: python -m simulator.validation.kernel_fit --write", "operators:"]
+    for name, (src, engine_fits, engine_curves) in sorted(engines.items()):
+        block += [f"  {name}:", f"    source: \"{src}\"", "    fits:" if engine_fits else "    fits: {}"]
+        for op, f in sorted(engine_fits.items()):
+            dumped = f.model_dump()
+            if dumped["row_unit"] == "query_head":  # the default: keep the lines short
+                del dumped["row_unit"]
+            for off in ("tile_m", "tile_n", "split_k", "tile_k0"):
+                if not dumped[off]:
+                    del dumped[off]
+            fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
+                               for k, v in dumped.items())
+            block.append(f"      {op}: {{{fields}}}")
+        if engine_curves:
+            block.append("    allreduce:   # [bytes, microseconds]")
+        for c in engine_curves:
+            knots = ", ".join(f"[{b:.0f}, {t:g}]" for b, t in c.points)
+            block.append(f"      - {{ranks: {c.ranks}, points: [{knots}]}}")
+    path.write_text(text + "\n".join(block) + "\n")
+    load_device.cache_clear()
+    return path
