@@ -119,8 +119,9 @@ def summary_table(rows: Rows, previous: Rows) -> list[str]:
         for fam, part in families.items():
             # Attention over both KV caches is comparable with one fit of both.
             was = fam.removesuffix("_all_kv")
-            prev = f"{_median(old[was], 'median_ape_after')}" if was in old else "–"
             after = _by_device(part, "median_ape_after")
+            then = [r for r in old.get(was, []) if r["device"] in after]  # same devices
+            prev = f"{_median(then, 'median_ape_after')}" if then else "–"
             met = sum(v <= 10 for v in after.values())
             out.append(f"| {engine} | {fam} | {len(after)} | {_median(part, 'median_ape_before')} "
                        f"| {prev} | **{_median(part, 'median_ape_after')}** | {met} |")
