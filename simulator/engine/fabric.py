@@ -19,11 +19,20 @@ planned for it finishes it by identity, never by testing its remaining bytes aga
 absolute tolerance: at large clock values one ulp of ``env.now`` is worth more bytes
 than any fixed epsilon, and a residue left by rounding would re-plan a zero-length timer
 forever.
+
+A *transfer* (:meth:`Fabric.transfer`, a hand-off's rank streams) reports its end once,
+by a callback. One that starts on an idle fabric with all its flows due at the first
+completion is one timer while it stays alone, at the time the re-plan would give (the
+same float operations; its rates, a pure function of its routes, caps and speeds, kept).
+When anything else happens on the fabric (a flow starts or is cancelled, a cap is
+lifted, a resource changes speed) it joins the flow table with the bytes and rates it
+started with and the clock of its start: the next re-plan advances it as if it had
+been there all along.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,8 +101,22 @@ class Flow:
     resources: tuple[Resource, ...]
     remaining: float
     cap: float
-    done: simpy.Event
+    done: simpy.Event | None
+    """Fires True or False when the flow ends (None: a transfer's flow, see ``group``)."""
     rate: float = 0.0
+    group: Transfer | None = None
+    result: bool | None = None
+    """True once through, False once cancelled or killed, None while it runs."""
+
+
+@dataclass(slots=True, eq=False)
+class Transfer:
+    """Flows whose end is reported once, when the last is done: ``on_done(all got through)``."""
+
+    on_done: Callable[[bool], None]
+    left: int = 0
+    ok: bool = True
+    flows: list[Flow] = field(default_factory=list)
 
 
 class Fabric:
@@ -108,10 +131,18 @@ class Fabric:
         self._flows: dict[Flow, None] = {}  # ordered: ties finish in start order
         self._gen = 0
         self._last = env.now
+        self._lone: Transfer | None = None  # a transfer alone on the fabric, not re-planned
+        # Rates of a transfer alone on the fabric, by its flows' resources and caps (the
+        # allocation is a pure function of those and of the resources' speeds).
+        self._alone_rates: dict[tuple[Any, ...], tuple[float, ...]] = {}
+        # The resources of each route (routes are built once per instance pair), by id.
+        self._routes: dict[int, tuple[tuple[ResourceSpec, ...], tuple[Resource, ...]]] = {}
 
     @property
     def active(self) -> int:
-        return len(self._flows)
+        """Flows moving bytes now."""
+        lone = self._lone
+        return len(self._flows) + (sum(f.result is None for f in lone.flows) if lone else 0)
 
     def resource(self, spec: ResourceSpec) -> Resource:
         res = self.resources.get(spec.key)
@@ -127,29 +158,131 @@ class Fabric:
         return res
 
     # ----- flows -------------------------------------------------------------------
-    def start(self, specs: list[FlowSpec]) -> list[Flow]:
-        """Start flows now (one re-plan for all); each ``done`` fires True or False."""
-        out: list[Flow] = []
+    def start(self, specs: list[FlowSpec], *, events: bool = True) -> list[Flow]:
+        """Start flows now (one re-plan for all); each ``done`` fires True or False.
+
+        ``events=False``: no ``done`` events (nothing waits on these flows as such).
+        """
+        return self._open([self._flow(spec, events) for spec in specs])
+
+    def transfer(self, specs: list[FlowSpec], on_done: Callable[[bool], None],
+                 joined: Sequence[Flow] = ()) -> list[Flow]:
+        """Start flows now as one transfer; ``on_done(ok)`` runs (as an event, at the time
+        the last of them and of the running ``joined`` flows ends) with whether all got
+        through. Returns the new flows."""
+        group = Transfer(on_done)
+        for flow in joined:
+            flow.group = group
+            if flow.result is None:
+                group.left += 1
+            else:
+                group.ok = group.ok and flow.result
+        flows = [self._flow(spec, False) for spec in specs]
+        group.left += len(flows)
+        group.flows = flows
+        for flow in flows:
+            flow.group = group
+        if group.left == 0:
+            self._report(group)
+        elif not self._flows and self._lone is None and self._alone(group):
+            return flows
+        return self._open(flows)
+
+    def _flow(self, spec: FlowSpec, event: bool) -> Flow:
+        route = self._routes.get(id(spec.resources))
+        if route is None or route[0] is not spec.resources:
+            route = (spec.resources,
+                     tuple(self.resource(r) for r in spec.resources if r.bandwidth < INF))
+            self._routes[id(spec.resources)] = route
+        resources = route[1]
+        return Flow(resources, float(spec.nbytes), spec.cap,
+                    self.env.event() if event else None)
+
+    def _open(self, flows: list[Flow]) -> list[Flow]:
         added = False
-        for spec in specs:
-            resources = tuple(self.resource(r) for r in spec.resources if r.bandwidth < INF)
-            flow = Flow(resources, float(spec.nbytes), spec.cap, self.env.event())
-            out.append(flow)
-            if any(r.dead for r in resources):
-                flow.done.succeed(False)
+        for flow in flows:
+            if any(r.dead for r in flow.resources):
+                self._finish(flow, False)
                 continue
-            if flow.remaining <= 0 or (not resources and spec.cap == INF):
-                flow.done.succeed(True)
+            if flow.remaining <= 0 or (not flow.resources and flow.cap == INF):
+                self._finish(flow, True)
                 continue
             if not added:
                 self._advance()
                 added = True
             self._flows[flow] = None
-            for r in resources:
+            for r in flow.resources:
                 r.flows[flow] = None
         if added:
             self._replan()
-        return out
+        return flows
+
+    def _alone(self, group: Transfer) -> bool:
+        """Start ``group`` on an idle fabric as one timer, if its flows all end together
+        at the first completion the re-plan would plan; False leaves it to the re-plan."""
+        flows = group.flows
+        for flow in flows:
+            if (flow.remaining <= 0 or not flow.resources
+                    or any(r.dead for r in flow.resources)):
+                return False
+        key = tuple([(f.resources, f.cap) for f in flows])
+        rates = self._alone_rates.get(key)
+        if rates is None:
+            self._allocate(dict.fromkeys(flows))
+            rates = self._alone_rates[key] = tuple(f.rate for f in flows)
+        soonest = INF
+        for flow, rate in zip(flows, rates, strict=True):
+            flow.rate = rate
+            if rate > 0:
+                soonest = min(soonest, flow.remaining / rate)
+        if soonest == INF:
+            return False
+        soonest = max(0.0, soonest)
+        now = self.env.now
+        due_at = now + soonest
+        for flow in flows:
+            if not (flow.rate > 0 and now + max(0.0, flow.remaining / flow.rate) <= due_at):
+                return False
+        self._last = now  # what an advance over the (empty) flow table does
+        self._gen += 1
+        self._lone = group
+        self.env.timeout(soonest).callbacks.append(lambda _e: self._lone_tick(group))
+        return True
+
+    def _lone_tick(self, group: Transfer) -> None:
+        if self._lone is not group:
+            return  # it joined the flow table: the re-plans time it now
+        self._lone = None
+        self._last = self.env.now
+        self._gen += 1
+        for flow in group.flows:
+            self._finish(flow, True)
+
+    def _join_lone(self) -> None:
+        """The lone transfer's flows enter the flow table as they started (see the module
+        docstring): bytes and rates of its start, ``_last`` still its start time."""
+        group, self._lone = self._lone, None
+        assert group is not None
+        for flow in group.flows:
+            self._flows[flow] = None
+            for r in flow.resources:
+                r.flows[flow] = None
+
+    def _finish(self, flow: Flow, ok: bool) -> None:
+        flow.result = ok
+        if flow.done is not None:
+            flow.done.succeed(ok)
+        group = flow.group
+        if group is not None:
+            group.left -= 1
+            group.ok = group.ok and ok
+            if group.left == 0:
+                self._report(group)
+
+    def _report(self, group: Transfer) -> None:
+        event = self.env.event()
+        event.callbacks.append(lambda _e: group.on_done(group.ok))
+        event.succeed()
 
     def send(self, flows: list[FlowSpec], fixed_s: float = 0.0
              ) -> Generator[simpy.Event, Any, bool]:
@@ -160,16 +293,18 @@ class Fabric:
         if fixed_s:
             yield self.env.timeout(fixed_s)
         started = self.start(flows)
-        results = yield self.env.all_of([f.done for f in started])
+        results = yield self.env.all_of([f.done for f in started if f.done is not None])
         return all(bool(v) for v in results.values())
 
     def cancel(self, flow: Flow) -> None:
         """Stop a flow whose bytes are no longer wanted; its ``done`` fires with False."""
+        if self._lone is not None and flow.group is self._lone:
+            self._join_lone()
         if flow not in self._flows:
             return
         self._advance()
         self._drop(flow)
-        flow.done.succeed(False)
+        self._finish(flow, False)
         self._replan()
 
     def uncap(self, flows: list[Flow]) -> None:
@@ -182,13 +317,14 @@ class Fabric:
             flow.cap = INF
             if not flow.resources and flow in self._flows:
                 self._drop(flow)
-                flow.done.succeed(True)
+                self._finish(flow, True)
         self._replan()
 
     # ----- faults ----------------------------------------------------------------
     def degrade(self, owner: str, factor: float, *, for_good: bool = False) -> None:
         """Scale the resources ``owner`` sends through; factor 0 for good kills them."""
         self._advance()
+        self._alone_rates.clear()  # speeds change
         self._factor[owner] = factor
         if factor <= 0 and for_good:
             self._dead.add(owner)
@@ -202,7 +338,7 @@ class Fabric:
         for flow in dict.fromkeys(killed):  # each once, in a deterministic order
             if flow in self._flows:
                 self._drop(flow)
-                flow.done.succeed(False)
+                self._finish(flow, False)
         self._replan()
 
     # ----- the allocation ------------------------------------------------------------
@@ -212,6 +348,8 @@ class Fabric:
             r.flows.pop(flow, None)
 
     def _advance(self) -> None:
+        if self._lone is not None:
+            self._join_lone()
         now = self.env.now
         dt = now - self._last
         if dt > 0:
@@ -219,15 +357,15 @@ class Fabric:
                 flow.remaining -= flow.rate * dt
         self._last = now
 
-    def _allocate(self) -> None:
-        """Max-min fair rates with per-flow caps (progressive filling)."""
+    def _allocate(self, flows: dict[Flow, None]) -> None:
+        """Max-min fair rates of ``flows`` with per-flow caps (progressive filling)."""
         left: dict[Resource, float] = {}
         users: dict[Resource, int] = {}
-        for flow in self._flows:
+        for flow in flows:
             for r in flow.resources:
                 left[r] = r.capacity
                 users[r] = users.get(r, 0) + 1
-        unfrozen = dict(self._flows)
+        unfrozen = dict(flows)
         while unfrozen:
             level = min((flow.cap for flow in unfrozen), default=INF)
             for r, n in users.items():
@@ -248,7 +386,7 @@ class Fabric:
         self._gen += 1
         if not self._flows:
             return
-        self._allocate()
+        self._allocate(self._flows)
         soonest = INF
         for flow in self._flows:
             if flow.rate > 0:
@@ -270,5 +408,5 @@ class Fabric:
         self._advance()
         for flow in due:
             self._drop(flow)
-            flow.done.succeed(True)
+            self._finish(flow, True)
         self._replan()

@@ -10,9 +10,9 @@ decode room waits in :attr:`HandOff.pending` until a decode instance frees KV.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import simpy
 
@@ -103,7 +103,7 @@ class HandOff:
         specs = [FlowSpec(res, bpt * tokens * share,
                           bpt * tokens * share / seconds if seconds > 0 else INF)
                  for res, bpt in path.streams]
-        self.flows[req.id] = self.fabric.start(specs)
+        self.flows[req.id] = self.fabric.start(specs, events=False)
         self.streaming[req.id] = (dst, stand_in, req)
         req.transfer_start_s = self.env.now
 
@@ -118,7 +118,7 @@ class HandOff:
             # carries the decode reservation.
             req.blocks = stand_in.blocks
             dst.rebind_reservation(req)
-            self.env.process(self._transfer(req, src, dst, streamed=True))
+            self._transfer(req, src, dst, streamed=True)
             return
         if not self.place(req, src):
             self.pending.append((req, src))
@@ -157,7 +157,7 @@ class HandOff:
         if dst is None:
             return False
         self._reserve(req, src, dst)
-        self.env.process(self._transfer(req, src, dst))
+        self._transfer(req, src, dst)
         return True
 
     def drain(self) -> None:
@@ -190,7 +190,13 @@ class HandOff:
         return early[1]
 
     def _transfer(self, req: Request, src: Instance, dst: Instance,
-                  streamed: bool = False) -> Generator[simpy.Event, Any, None]:
+                  streamed: bool = False) -> None:
+        """Start the hand-off: set-up and latency, then the flows; :meth:`_arrived` ends it.
+
+        Callbacks on events, no process: a timer for the fixed part, the fabric's report
+        for the flows. With no fixed part the flows start in an urgent event now, where a
+        process started now would run first.
+        """
         env = self.env
         attempt = req.restarts
         start = req.transfer_start_s if streamed else env.now
@@ -202,36 +208,53 @@ class HandOff:
         tokens = req.prefill_target - req.decode_cached_tokens
         nbytes = path.bytes_per_token * tokens
         convert = path.conversion_s_per_byte * nbytes + path.conversion_s_per_token * tokens
-        flows: list[Flow] = []
+        joined: list[Flow] = []
         if streamed:
             # The prefill is done: the stream may run at full speed, and the last layer's
             # share (what could not leave before the last layer was computed) follows.
-            flows = self.flows.get(req.id, [])
-            self.fabric.uncap(flows)
-            if convert + path.fixed_s:
-                yield env.timeout(convert + path.fixed_s)
+            joined = self.flows.get(req.id, [])
+            self.fabric.uncap(joined)
             tail = [FlowSpec(res, bpt * tokens / self.plan.num_layers)
                     for res, bpt in path.streams]
         else:
-            if convert + path.fixed_s:
-                yield env.timeout(convert + path.fixed_s)
             tail = [FlowSpec(res, bpt * tokens) for res, bpt in path.streams]
-        if req.restarts != attempt or req.status is State.CANCELLED:
-            return  # a failure already sent the request elsewhere, or the client gave up
-        flows = flows + self.fabric.start(tail)
-        self.flows[req.id] = flows
-        results = yield env.all_of([f.done for f in flows])
+
+        def launch(_e: object = None) -> None:
+            if req.restarts != attempt or req.status is State.CANCELLED:
+                return  # a failure already sent the request elsewhere, or the client gave up
+            flows = self.fabric.transfer(
+                tail, lambda ok: self._arrived(req, src, dst, path, nbytes, start, attempt, ok),
+                joined)
+            self.flows[req.id] = joined + flows
+
+        delay = convert + path.fixed_s
+        event = env.timeout(delay) if delay else urgent(env)
+        event.callbacks.append(launch)
+
+    def _arrived(self, req: Request, src: Instance, dst: Instance, path: TransferPath,
+                 nbytes: float, start: float, attempt: int, ok: bool) -> None:
+        """Every flow of the hand-off ended; ``ok``: all got through."""
         if req.restarts != attempt or req.status is State.CANCELLED:
             return
         self.flows.pop(req.id, None)
         self.in_transfer.pop(req.id, None)
-        if not all(results.values()):  # a link died for good: no other path in this topology
+        if not ok:  # a link died for good: no other path in this topology
             src.release_held(req)
             dst.cancel_reservation(req)
             self.fail(req, f"KV transfer failed: link {path.key} is down")
             return
-        req.transfer_end_s = env.now
+        now = self.env.now
+        req.transfer_end_s = now
         self.recorder.transfer(req.id, src.index, dst.index, self.link_labels[path.key],
-                               nbytes, start, env.now, env.now - req.prefill_end_s)
+                               nbytes, start, now, now - req.prefill_end_s)
         src.release_held(req)
         dst.admit_transferred(req)
+
+
+def urgent(env: simpy.Environment) -> simpy.Event:
+    """An event that fires now, ahead of the normal events due now (as a process's start)."""
+    event = simpy.Event(env)
+    event._ok = True
+    event._value = None
+    env.schedule(event, simpy.events.URGENT)
+    return event
