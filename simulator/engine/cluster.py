@@ -197,8 +197,11 @@ class Cluster:
             req.move_to(State.QUEUED)
             self.pending_entry.append(req)
             return
-        inst = self._entry_policy(candidates, req, self.router_state, "entry")
-        self.tiers.enqueue(inst, req)  # type: ignore[arg-type]
+        if len(candidates) == 1 and self.router.policy in MIN_KEY_POLICIES:
+            inst = candidates[0]  # the least of one: its key need not be read
+        else:
+            inst = self._entry_policy(candidates, req, self.router_state, "entry")  # type: ignore[assignment]
+        self.tiers.enqueue(inst, req)
 
     def _route_local(self, req: Request, entry: list[Instance]) -> bool:
         """Conditional disaggregation (engine/disagg_router.py): enqueue ``req`` where it

@@ -133,7 +133,9 @@ class HandOff:
             # among all, whenever its pick fits: try that first, filter only if not.
             serving = [d for d in self.decoders if d.accepting and d.can_ever_hold(req)]
             if serving:
-                pick = self.policy(serving, req, self.router_state, "decode")
+                # The least of one is that one: its key need not be read.
+                pick = (serving[0] if len(serving) == 1
+                        else self.policy(serving, req, self.router_state, "decode"))
                 if pick.can_reserve(req):  # type: ignore[attr-defined]
                     return pick  # type: ignore[return-value]
         fits = [d for d in self.decoders
