@@ -211,8 +211,9 @@ class Recorder:
                     columns: tuple[str, ...] | None = None) -> pd.DataFrame:
         """One row per step in the order recorded, stretches expanded in place.
 
-        ``columns`` keeps only these recorded columns (plus the instance's name and pool),
-        for a caller that needs a few of them from a large run.
+        ``columns`` keeps only these recorded columns (plus the instance's name and pool,
+        and ``end_s`` only if named), for a caller that needs a few of them from a large
+        run.
         """
         cols = self._step_columns(columns)
         df = pd.DataFrame(cols, copy=False)
@@ -228,7 +229,7 @@ class Recorder:
         df.insert(2, "pool", pd.Series(pd.Categorical.from_codes(
             pool_codes[codes] if len(codes) else codes, categories=pd.Index(pools)),
             index=df.index))
-        if "start_s" in df and "duration_s" in df:
+        if "start_s" in df and "duration_s" in df and (columns is None or "end_s" in columns):
             df["end_s"] = df["start_s"] + df["duration_s"]
         return df
 
@@ -279,12 +280,14 @@ class Recorder:
         # before it.
         before = np.concatenate(([0], np.cumsum(counts)[:-1]))
         first = t["row_at"] + before
+        # Row positions fit 4 bytes on any run below 2**31 steps (half the temporaries).
+        pos = np.int32 if n_rows + total_stretch < 2**31 else np.int64
+        which = np.repeat(np.arange(len(counts), dtype=pos), counts)  # stretch of each step
+        within = np.arange(total_stretch, dtype=pos) - before.astype(pos)[which]
+        stretch_pos = first.astype(pos)[which] + within
         is_stretch = np.zeros(n_rows + total_stretch, dtype=bool)
-        within = np.arange(total_stretch) - np.repeat(before, counts)
-        stretch_pos = np.repeat(first, counts) + within
         is_stretch[stretch_pos] = True
-        which = np.repeat(np.arange(len(counts)), counts)  # stretch of each stretch step
-        last = within == counts[which] - 1
+        last = within == counts.astype(pos)[which] - 1
         out: dict[str, np.ndarray] = {}
         for name, code in STEP_COLUMNS:
             if name not in cols:
@@ -326,8 +329,33 @@ class Recorder:
         return df
 
     def requests_frame(self, instance_names: list[str]) -> pd.DataFrame:
-        reqs = self.requests
-        fields = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
+        """One row per request, by id (stable: as recorded among equal ids).
+
+        Built column by column from the objects sorted once, each column's dtype inferred
+        from its values alone (as a frame built from lists infers it), and put together
+        without copying: a million-request run never holds every column as a Python list,
+        nor the frame twice.
+        """
+        reqs = sorted(self.requests, key=_request_id)  # list.sort is stable
+        columns: dict[str, Any] = {}
+        for field in REQUEST_FIELDS if reqs else ():
+            if field == "status":
+                values: list[Any] = [r.status.value for r in reqs]  # plain strings
+            else:
+                values = [getattr(r, field) for r in reqs]
+            columns[REQUEST_COLUMN_NAMES.get(field, field)] = pd.Series(values)
+            del values
+        if not reqs:  # no values to infer from: what a frame of empty lists holds
+            columns = {REQUEST_COLUMN_NAMES.get(f, f): [] for f in REQUEST_FIELDS}
+        df = pd.DataFrame(columns, copy=False)
+        del columns
+        names = np.asarray([*instance_names, ""], dtype=object)
+        df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
+        df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []
+        return df
+
+
+REQUEST_FIELDS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
                   "prefix_tokens", "cached_tokens", "prefill_saved_s", "prefill_start_s",
                   "prefill_end_s", "first_token_s", "transfer_wait_s", "transfer_start_s",
                   "transfer_end_s", "decode_admit_s", "decode_start_s", "second_token_s",
@@ -337,15 +365,12 @@ class Recorder:
                   "dram_hit_tokens", "ssd_hit_tokens", "remote_hit_tokens", "kv_load_s",
                   "decode_cached_tokens", "klass", "priority", "attempt", "root_id",
                   "cancel_s")
-        data = {f: [getattr(r, f) for r in reqs] for f in fields}
-        data["status"] = [s.value for s in data["status"]]  # plain strings, not State
-        df = pd.DataFrame(data)
-        df = df.rename(columns={"id": "request_id", "generated": "generated_tokens",
-                                "klass": "class"})
-        names = np.asarray([*instance_names, ""], dtype=object)
-        df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
-        df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []
-        return df.sort_values("request_id", kind="stable").reset_index(drop=True)
+"""The :class:`Request` attributes of the requests frame, in its column order."""
+REQUEST_COLUMN_NAMES = {"id": "request_id", "generated": "generated_tokens", "klass": "class"}
+
+
+def _request_id(req: Request) -> int:
+    return req.id
 
 
 def _values(values: Column) -> Sequence[Any]:
