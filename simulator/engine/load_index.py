@@ -55,12 +55,16 @@ class LoadIndex(Generic[T]):
     def pick(self, accept: Callable[[T], bool]) -> T | None:
         """The accepted member of least key now, or None if none is accepted."""
         heap, members, key_of = self._heap, self._members, self._key
+        # Slots whose key was read in this call: nothing runs between two reads of one
+        # pick, so a second read would give the same key.
+        fresh: set[int] | tuple[()] = ()
         if self._marked:
-            for slot in sorted(self._marked):
+            fresh = self._marked
+            self._marked = set()
+            for slot in sorted(fresh):
                 key = key_of(members[slot])
                 if key != self._stored[slot]:
                     heapq.heappush(heap, self._store(slot, key))
-            self._marked.clear()
             if len(heap) > 4 * len(members) + 16:  # drop superseded entries
                 version = self._version
                 self._heap = heap = [e for e in heap if e[2] == version[e[1]]]
@@ -73,10 +77,11 @@ class LoadIndex(Generic[T]):
             if ver != version[slot]:  # superseded by a later read
                 heapq.heappop(heap)
                 continue
-            now = key_of(members[slot])
-            if now != key:  # it rose unannounced: put it where it belongs, look again
-                heapq.heapreplace(heap, self._store(slot, now))
-                continue
+            if slot not in fresh:
+                now = key_of(members[slot])
+                if now != key:  # it rose unannounced: put it where it belongs, look again
+                    heapq.heapreplace(heap, self._store(slot, now))
+                    continue
             passed.append(heapq.heappop(heap))
             if accept(members[slot]):
                 found = members[slot]
