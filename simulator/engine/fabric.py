@@ -225,11 +225,14 @@ class Fabric:
             if (flow.remaining <= 0 or not flow.resources
                     or any(r.dead for r in flow.resources)):
                 return False
-        key = tuple([(f.resources, f.cap) for f in flows])
-        rates = self._alone_rates.get(key)
+        # Kept for uncapped flows only: caps (a stream's production rate) rarely repeat.
+        key = tuple([f.resources for f in flows]) if all(f.cap == INF for f in flows) else None
+        rates = self._alone_rates.get(key) if key is not None else None
         if rates is None:
             self._allocate(dict.fromkeys(flows))
-            rates = self._alone_rates[key] = tuple(f.rate for f in flows)
+            rates = tuple(f.rate for f in flows)
+            if key is not None:
+                self._alone_rates[key] = rates
         soonest = INF
         for flow, rate in zip(flows, rates, strict=True):
             flow.rate = rate
