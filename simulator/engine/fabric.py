@@ -38,49 +38,9 @@ from typing import Any
 
 import simpy
 
-from simulator.hardware.profiles import LinkProfile
+from simulator.engine.flow_specs import INF, FlowSpec, ResourceSpec, TransferPath
 
-INF = float("inf")
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceSpec:
-    """What a flow crosses: a key naming the physical thing, and its byte rate."""
-
-    key: str
-    bandwidth: float
-    """Bytes per second in this direction (after protocol efficiency)."""
-    owner: str | None = None
-    """Instance whose outgoing hand-offs this resource carries (link faults target it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FlowSpec:
-    resources: tuple[ResourceSpec, ...]
-    nbytes: float
-    cap: float = INF
-    """Largest rate this flow may take, bytes per second."""
-
-
-@dataclass(frozen=True)
-class TransferPath:
-    """How a hand-off between two instances travels."""
-
-    key: str
-    """Label in the transfers frame: the hops (slowest first when host-staged) and source."""
-    profile: LinkProfile
-    """The slowest hop of the route."""
-    streams: tuple[tuple[tuple[ResourceSpec, ...], float], ...]
-    """Each stream's resources and its bytes per prompt token."""
-    fixed_s: float
-    """Set-up overhead and latency of every hop, paid once per hand-off."""
-    conversion_s_per_byte: float = 0.0
-    conversion_s_per_token: float = 0.0
-
-    @property
-    def bytes_per_token(self) -> float:
-        """Bytes on the wire per prompt token, every replicated copy counted."""
-        return sum(b for _, b in self.streams)
+__all__ = ["INF", "Fabric", "Flow", "FlowSpec", "ResourceSpec", "Transfer", "TransferPath"]
 
 
 @dataclass(slots=True, eq=False)
@@ -221,18 +181,25 @@ class Fabric:
         """Start ``group`` on an idle fabric as one timer, if its flows all end together
         at the first completion the re-plan would plan; False leaves it to the re-plan."""
         flows = group.flows
+        uncapped = True
         for flow in flows:
-            if (flow.remaining <= 0 or not flow.resources
-                    or any(r.dead for r in flow.resources)):
+            if flow.remaining <= 0 or not flow.resources:
                 return False
+            for r in flow.resources:
+                if r.dead:
+                    return False
+            if flow.cap != INF:
+                uncapped = False
         # Kept for uncapped flows only: caps (a stream's production rate) rarely repeat.
-        key = tuple([f.resources for f in flows]) if all(f.cap == INF for f in flows) else None
+        key = tuple([f.resources for f in flows]) if uncapped else None
         rates = self._alone_rates.get(key) if key is not None else None
         if rates is None:
             self._allocate(dict.fromkeys(flows))
-            rates = tuple(f.rate for f in flows)
+            rates = tuple([f.rate for f in flows])
             if key is not None:
                 self._alone_rates[key] = rates
+        # As _replan computes it; bytes and rates are positive here, so its max(0, .) and
+        # rate > 0 tests hold.
         soonest = INF
         for flow, rate in zip(flows, rates, strict=True):
             flow.rate = rate
@@ -240,11 +207,10 @@ class Fabric:
                 soonest = min(soonest, flow.remaining / rate)
         if soonest == INF:
             return False
-        soonest = max(0.0, soonest)
         now = self.env.now
         due_at = now + soonest
         for flow in flows:
-            if not (flow.rate > 0 and now + max(0.0, flow.remaining / flow.rate) <= due_at):
+            if not (flow.rate > 0 and now + flow.remaining / flow.rate <= due_at):
                 return False
         self._last = now  # what an advance over the (empty) flow table does
         self._gen += 1
@@ -259,7 +225,9 @@ class Fabric:
         self._last = self.env.now
         self._gen += 1
         for flow in group.flows:
-            self._finish(flow, True)
+            flow.result = True
+        group.left = 0
+        self._report(group)
 
     def _join_lone(self) -> None:
         """The lone transfer's flows enter the flow table as they started (see the module
