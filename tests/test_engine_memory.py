@@ -93,3 +93,26 @@ def test_sglang_fraction_follows_tp_size_counting_dp_attention_ranks() -> None:
     mem = build_plan(make_scenario(**ds, **{"cluster.pools": [pool]})).pools[0].memory
     # weights + KV = the 16-rank fraction of the device (0.79), not the one-rank 0.88
     assert mem.usable_bytes - mem.activation_bytes == pytest.approx(H100.memory_bytes * 0.79)
+
+
+@pytest.mark.parametrize("weights, embed_bytes", [("fp8", 2.0), ("fp4", 2.0), ("bf16", 2.0),
+                                                   ("fp32", 4.0)])
+def test_quantised_checkpoints_keep_embedding_and_lm_head_in_16_bits(
+        weights: str, embed_bytes: float) -> None:
+    """ModelOpt FP8/NVFP4 checkpoints quantise Linear layers only (lm_head excluded): the
+    embedding and LM head of Llama-3.1/3.3-70B FP8 take 2 x 128256 x 8192 bytes each, split
+    over TP, in the weight memory and hence out of the KV pool."""
+    from simulator.cost.memory import stage_weight_bytes
+    from simulator.units import bytes_per_element
+
+    model = get_model("Llama-3.1-70B")
+    par = Parallelism(tp=2)
+    wb = bytes_per_element(weights)
+    embed = model.vocab_size * model.hidden_size  # one of embedding, LM head (untied)
+    bf16 = stage_weight_bytes(model, par, "bf16")[0]
+    got = stage_weight_bytes(model, par, weights)[0]
+    rest = bf16 / 2 - 2 * embed / 2  # elements on one device outside embedding and head
+    assert got == pytest.approx(rest * wb + 2 * embed / 2 * embed_bytes)
+    total = model.weight_bytes(weights)
+    assert total == pytest.approx((model.params_total() - model.embedding_params()) * wb
+                                  + model.embedding_params() * embed_bytes)

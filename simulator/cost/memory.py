@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.hardware.profiles import DeviceProfile
-from simulator.models.arch import ModelConfig
+from simulator.models.arch import ModelConfig, embedding_bytes_per_element
 from simulator.units import GIB, bytes_per_element
 
 
@@ -44,6 +44,9 @@ def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str,
     (SGLang ``--enable-dp-attention --moe-dense-tp-size 1 --ep-num-redundant-experts``).
     """
     wb = bytes_per_element(weights)
+    # Embedding and LM head keep 16 bits in quantised checkpoints: priced in weight
+    # elements so the sum below stays one multiplication.
+    embed_scale = embedding_bytes_per_element(weights) / wb
     layers = split_layers(model.num_layers, par.pp, par.balanced_stages)
     moe = stage_moe_layers(model, layers)
     out = []
@@ -68,7 +71,7 @@ def stage_weight_bytes(model: ModelConfig, par: Parallelism, weights: str,
                 params += n_moe * (slots + (total - routed) / par.tp)
             else:
                 params += n_moe * (routed / par.tp + (total - routed) / par.tp)
-        embed = model.vocab_size * model.hidden_size / par.tp
+        embed = model.vocab_size * model.hidden_size / par.tp * embed_scale
         if par.balanced_stages:  # the compiler spreads embedding and LM head like the rest
             params += embed * (1 if model.tie_word_embeddings else 2) / par.pp
         else:

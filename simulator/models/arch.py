@@ -15,6 +15,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from simulator.units import bytes_per_element
 
 
+def embedding_bytes_per_element(weights: str) -> float:
+    """Bytes per element of the token embedding and LM head of a checkpoint whose other
+    weights are stored at ``weights``.
+
+    Quantised checkpoints keep both in 16 bits: NVIDIA ModelOpt FP8 / NVFP4 checkpoints
+    quantise Linear layers only and list the LM head in ``exclude_modules`` (e.g.
+    nvidia/Llama-3.3-70B-Instruct-FP8, hf_quant_config.json ``"exclude_modules":
+    ["lm_head"]``), llm-compressor FP8 checkpoints ``ignore`` ``lm_head``, and DeepSeek-V3's
+    native FP8 checkpoint block-quantises the Linear layers only. So any precision below
+    16 bits prices these at BF16; 16- and 32-bit weights keep their own width.
+    """
+    return max(bytes_per_element(weights), bytes_per_element("bf16"))
+
+
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -180,4 +194,8 @@ class ModelConfig(BaseModel):
         return self.num_layers * per_layer
 
     def weight_bytes(self, precision: str = "bf16") -> float:
-        return self.params_total() * bytes_per_element(precision)
+        """Checkpoint bytes: the embedding and LM head at their own width
+        (``embedding_bytes_per_element``), every other parameter at ``precision``."""
+        embed = self.embedding_params()
+        return ((self.params_total() - embed) * bytes_per_element(precision)
+                + embed * embedding_bytes_per_element(precision))
