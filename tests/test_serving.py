@@ -451,3 +451,50 @@ def test_every_shipped_serving_row_cites_its_source() -> None:
         assert len(rows), path.name
         assert rows["source"].notna().all(), path.name
         assert (rows["source"].str.len() > 20).all(), path.name
+
+
+def test_the_frontend_pays_per_prompt_token_in_ttft_and_in_the_turnaround(
+        tmp_path: Path) -> None:
+    """A per-prompt-token frontend time (tokeniser, detokeniser priming) is added to the
+    client-visible TTFT and delays the closed-loop client's next request."""
+    base = load_engine("vllm").model_dump(mode="json")
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(json.dumps({**base, "frontend": {"round_trip_us": 0.0,
+                                                     "per_prompt_token_us": 100.0,
+                                                     "jitter_cv": 0.0}}))
+    rows = read_serving(_csv(tmp_path, [{**ROW, "concurrency": 1, "num_requests": 2,
+                                          "measured_ttft_ms": 10.0}]))
+    from simulator.validation.serving import row_scenario
+
+    scenario = row_scenario({**rows.to_dict("records")[0], "engine": str(slow),
+                             "engine_version": None})
+    assert scenario.workload.arrival.turnaround_s == pytest.approx(128 * 100e-6)
+    fast = simulate_rows(rows.assign(measured_ttft_ms=10.0))
+    made = simulate_rows(rows.assign(engine=str(slow), engine_version=None))
+    gap = float(made.iloc[0]["predicted_ttft_ms"] - fast.iloc[0]["predicted_ttft_ms"])
+    assert gap == pytest.approx(128 * 0.1 - base["frontend"]["round_trip_us"] * 1e-3, abs=1e-6)
+
+
+def test_the_frontend_fit_recovers_a_per_prompt_token_time(tmp_path: Path) -> None:
+    truth = 7.5
+    base = load_engine("vllm").model_dump(mode="json")
+    path = tmp_path / "truth.yaml"
+    base["frontend"] = {**base["frontend"], "per_prompt_token_us": truth}
+    path.write_text(json.dumps(base))
+    rows = read_serving(_csv(tmp_path, [{**ROW, "concurrency": 1, "num_requests": 2,
+                                          "input_len": 2000, "measured_ttft_ms": 1.0}]))
+    made = simulate_rows(rows.assign(engine=str(path)))
+    rows = rows.assign(measured_ttft_ms=float(made.iloc[0]["predicted_ttft_ms"]))
+    got = fit(rows, "vllm", "frontend.per_prompt_token_us", hi=50.0, tol=0.01,
+              metric="ttft_ms")
+    assert got == pytest.approx(truth, abs=0.05)
+
+
+def test_the_trtllm_frontend_constant_zeroes_its_calibration_ttft() -> None:
+    """The committed per-prompt-token time is the fit's on the calibration set's TTFT row."""
+    cal = read_serving(Path("scenarios/validation/serving_calibration.csv"))
+    rows = cal[cal["measured_ttft_ms"].notna()]
+    assert len(rows) == 1
+    errors = long_errors(simulate_rows(rows))
+    ttft = errors[errors["metric"] == "ttft_ms"]["error"]
+    assert ttft.abs().max() < 0.002

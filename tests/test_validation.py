@@ -265,7 +265,7 @@ def test_validate_serving_matches_a_direct_run(tmp_path: Path) -> None:
     assert len(pred) == 5  # 2 metrics + 3 metrics
     first = df.to_dict("records")[0]
     direct = run(row_scenario(first)).summary
-    frontend = load_engine("vllm").frontend.round_trip_us * 1e-6
+    frontend = load_engine("vllm").frontend.seconds(int(first["input_len"]))
     ttft = pred[(pred["row"] == 1) & (pred["metric"] == "ttft_ms")].iloc[0]
     assert ttft["predicted"] == pytest.approx((direct["ttft_mean_s"] + frontend) * 1e3)
     assert ttft["error"] == pytest.approx(ttft["predicted"] / 40.0 - 1)

@@ -74,9 +74,19 @@ class FrontendSpec(BaseModel):
         "tokenisation of the prompt, detokenisation and streaming of the first token, "
         "microseconds. Added to TTFT and E2E; also the closed-loop client's turnaround "
         "between a reply and the next request reaching the engine."))
+    per_prompt_token_us: float = Field(0.0, ge=0, description=(
+        "Client-visible time outside the engine per prompt token, microseconds: "
+        "tokenising the prompt, sending its text, and priming the incremental "
+        "detokeniser with it (vLLM's FastIncrementalDetokenizer decodes the whole "
+        "prompt before the first token streams, vllm-project/vllm PR 51281). Added to "
+        "round_trip_us wherever that is used."))
     jitter_cv: float = Field(0.0, ge=0, description=(
         "Coefficient of variation of that turnaround (gamma-distributed); it keeps "
         "closed-loop clients from staying in lock-step waves."))
+
+    def seconds(self, prompt_tokens: int) -> float:
+        """Client-visible time outside the engine of one request of ``prompt_tokens``."""
+        return (self.round_trip_us + self.per_prompt_token_us * prompt_tokens) * 1e-6
 
 
 SchedulerPolicy = Literal["vllm_v1", "trtllm", "sglang", "continuous"]

@@ -75,7 +75,7 @@ def row_scenario(row: dict[Any, Any], file: str | None = None,
     arrival: dict[str, Any] = {"kind": row["arrival"]}
     if row["arrival"] == "closed_loop":
         arrival["concurrency"] = _int(row, "concurrency", 1)
-        arrival["turnaround_s"] = engine.frontend.round_trip_us * 1e-6
+        arrival["turnaround_s"] = engine.frontend.seconds(_int(row, "input_len", 1))
         arrival["turnaround_cv"] = engine.frontend.jitter_cv
         arrival["warmup_requests"] = _int(row, "warmup_requests", 0)
     elif row["arrival"] == "poisson":
@@ -159,7 +159,7 @@ def simulate_rows(df: pd.DataFrame, *, file: str | None = None,
         engine = load_engine(scenario.engine)
         summary = result.summary
         preds = predict(summary, str(row.get("statistic", "mean")),
-                        engine.frontend.round_trip_us * 1e-6)
+                        engine.frontend.seconds(_int(row, "input_len", 1)))
         out.append({**row, "engine_profile": scenario.engine,
                     "simulated_requests": scenario.workload.num_requests, **preds,
                     "completed": summary["completed"], "preemptions": summary["preemptions"],

@@ -14,6 +14,11 @@ per-layer time from two models of 32 and 80 layers), they are solved jointly for
 error on every row by Newton steps on finite differences (the simulated batch latency is
 affine in host time per step). It prints the values; the profile YAML records them with
 ``calibrated_on`` naming the file.
+
+A calibration row that measures TTFT calibrates the profile's frontend instead (the time
+outside the engine, ``FRONTEND``): its per-prompt-token cost is the value that zeroes the
+median TTFT error of those rows, by the same bisection; its other columns fit nothing. The
+host constants are fitted on the rows without a TTFT.
 """
 
 from __future__ import annotations
@@ -38,24 +43,36 @@ FITTED: dict[str, tuple[str, ...]] = {
 }
 """The constants fitted per engine profile (profile name: parameters)."""
 
+FRONTEND: dict[str, str] = {"trtllm": "frontend.per_prompt_token_us"}
+"""The frontend constant fitted per engine profile on its calibration rows' TTFT."""
+
 
 def row_errors(rows: pd.DataFrame, engine: str, values: dict[str, float],
-               folder: Path) -> np.ndarray:
+               folder: Path, metric: str | None = None) -> np.ndarray:
     """Signed error of every measured value of ``rows`` when the engine profile's
     parameters take ``values``."""
     data: dict[str, Any] = load_engine(engine).model_dump(mode="json")
-    data.update({k: float(v) for k, v in values.items()})
+    for key, v in values.items():
+        *parents, leaf = key.split(".")  # "frontend.per_prompt_token_us": a nested field
+        block = data
+        for part in parents:
+            block = block[part]
+        block[leaf] = float(v)
     tag = "-".join(f"{k}-{v:.6g}" for k, v in values.items())
     path = folder / f"{engine}-{tag}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     trial = rows.assign(engine=str(path), engine_version=None)
-    return long_errors(simulate_rows(trial))["error"].to_numpy(dtype=float)
+    errors = long_errors(simulate_rows(trial))
+    if metric is not None:
+        errors = errors[errors["metric"] == metric]
+    return errors["error"].to_numpy(dtype=float)
 
 
 def median_error(rows: pd.DataFrame, engine: str, parameter: str, value: float,
-                 folder: Path) -> float:
-    """Median signed error of ``rows`` when the engine profile's ``parameter`` = value."""
-    return float(np.median(row_errors(rows, engine, {parameter: value}, folder)))
+                 folder: Path, metric: str | None = None) -> float:
+    """Median signed error of ``rows`` (of one ``metric``, or all) when the engine
+    profile's ``parameter`` = value."""
+    return float(np.median(row_errors(rows, engine, {parameter: value}, folder, metric)))
 
 
 def fit_joint(rows: pd.DataFrame, engine: str, parameters: tuple[str, ...],
@@ -81,19 +98,19 @@ def fit_joint(rows: pd.DataFrame, engine: str, parameters: tuple[str, ...],
 
 
 def fit(rows: pd.DataFrame, engine: str, parameter: str, lo: float = 0.0, hi: float = 2000.0,
-        tol: float = 1.0) -> float:
+        tol: float = 1.0, metric: str | None = None) -> float:
     """Bisection on ``[lo, hi]`` for a zero median signed error (the nearer bound if the
     error does not change sign). Latency errors grow with a host cost, throughput errors
     shrink; only the sign change matters."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        e_lo = median_error(rows, engine, parameter, lo, folder)
-        e_hi = median_error(rows, engine, parameter, hi, folder)
+        e_lo = median_error(rows, engine, parameter, lo, folder, metric)
+        e_hi = median_error(rows, engine, parameter, hi, folder, metric)
         if e_lo * e_hi > 0:
             return lo if abs(e_lo) <= abs(e_hi) else hi
         while hi - lo > tol:
             mid = (lo + hi) / 2
-            e_mid = median_error(rows, engine, parameter, mid, folder)
+            e_mid = median_error(rows, engine, parameter, mid, folder, metric)
             if e_mid * e_lo > 0:
                 lo, e_lo = mid, e_mid
             else:
@@ -109,8 +126,15 @@ def main(argv: list[str] | None = None) -> None:
     df = read_serving(args.csv)
     refs = [engine_ref(str(e), v if isinstance(v, str) else None)
             for e, v in zip(df["engine"], df["engine_version"], strict=True)]
+    timed = (df["measured_ttft_ms"].notna() if "measured_ttft_ms" in df
+             else df["engine"].isna()).to_numpy()
+    for engine, parameter in FRONTEND.items():
+        rows = df[np.array([r == engine for r in refs]) & timed]
+        if len(rows):
+            value = fit(rows, engine, parameter, hi=50.0, tol=0.01, metric="ttft_ms")
+            print(f"{engine}: {parameter} = {value:.2f} ({len(rows)} calibration rows, TTFT)")
     for engine, parameters in FITTED.items():
-        rows = df[[r == engine for r in refs]]
+        rows = df[np.array([r == engine for r in refs]) & ~timed]
         if not len(rows):
             continue
         if len(parameters) == 1:
