@@ -95,8 +95,8 @@ def test_sglang_fraction_follows_tp_size_counting_dp_attention_ranks() -> None:
     assert mem.usable_bytes - mem.activation_bytes == pytest.approx(H100.memory_bytes * 0.79)
 
 
-@pytest.mark.parametrize("weights, embed_bytes", [("fp8", 2.0), ("fp4", 2.0), ("bf16", 2.0),
-                                                   ("fp32", 4.0)])
+@pytest.mark.parametrize(("weights", "embed_bytes"), [("fp8", 2.0), ("fp4", 2.0), ("bf16", 2.0),
+                                                       ("fp32", 4.0)])
 def test_quantised_checkpoints_keep_embedding_and_lm_head_in_16_bits(
         weights: str, embed_bytes: float) -> None:
     """ModelOpt FP8/NVFP4 checkpoints quantise Linear layers only (lm_head excluded): the
