@@ -490,6 +490,19 @@ def test_the_frontend_fit_recovers_a_per_prompt_token_time(tmp_path: Path) -> No
     assert got == pytest.approx(truth, abs=0.05)
 
 
+def test_the_vllm_v1_step_time_zeroes_the_median_error_of_its_calibration_rows() -> None:
+    """The committed vllm (V1) step_overhead_us is the fit's (python -m
+    simulator.validation.serving_fit) over the current kernel fits: a zero median TPOT error
+    on the two vLLM 0.21 calibration rows, within the 1 us rounding of the profile."""
+    cal = read_serving(Path("scenarios/validation/serving_calibration.csv"))
+    rows = cal[(cal["engine"] == "vllm") & (cal["engine_version"] != "0.6")]
+    assert len(rows) == 2
+    errors = long_errors(simulate_rows(rows))
+    tpot = errors[errors["metric"] == "tpot_ms"]["error"]
+    assert len(tpot) == 2
+    assert abs(float(tpot.median())) < 0.002
+
+
 def test_the_trtllm_frontend_constant_zeroes_its_calibration_ttft() -> None:
     """The committed per-prompt-token time is the fit's on the calibration set's TTFT row."""
     cal = read_serving(Path("scenarios/validation/serving_calibration.csv"))
