@@ -27,6 +27,7 @@ from simulator.cost.roofline import (
     op_time,
     prefill_tiles,
     quantisation,
+    scalar_quantisation,
 )
 from simulator.hardware.profiles import DeviceProfile, OperatorFit
 from simulator.models.arch import ModelConfig
@@ -49,9 +50,11 @@ class OperatorPricing:
     redundant_experts: int
     _fits: dict[str, OperatorFit]
     _ar_curves: dict[int, Any]
+    _ar_knots: dict[int, tuple[np.ndarray, np.ndarray]]
     _peak: float
     _peak16: float
     _bw: float
+    _sms: int | None
     _launch: float
     _flat: bool
     _eta_c: float
@@ -67,6 +70,16 @@ class OperatorPricing:
     _ffn_shapes: tuple[tuple[float, float], ...]
     _attn_shapes: tuple[tuple[float, float], ...] | None
     _quant_memo: dict[tuple[Any, ...], float]
+    # attention constants (_attention_constants)
+    _kvh: int
+    _kv_elems: float
+    _q_heads: float
+    _attn_io: float
+    _decode_per_ctx: float
+    _prefill_per_pair: float
+    _decode_split: int
+    _decode_rows: float
+    _prefill_scale: float | None
 
     @property
     def kv_heads_per_device(self) -> int:
@@ -98,10 +111,32 @@ class OperatorPricing:
         if quant is None:
             if len(memo) >= QUANT_MEMO_SIZE:
                 memo.clear()
-            quant = float(quantisation(fit, shape, self.device.sm_count,
-                                       label == "attention_decode"))
+            quant = scalar_quantisation(fit, shape, self._sms, label == "attention_decode")
             memo[key] = quant
         return quant
+
+    def _attention_constants(self) -> None:
+        """The per-device shapes attention is priced with, computed once per instance."""
+        m, t = self.model, self.parallelism.tp
+        self._kvh = self.kv_heads_per_device
+        self._kv_elems = self.kv_elements_per_token_per_layer_device()
+        self._q_heads = m.num_attention_heads / t
+        self._attn_io = (m.q_width + m.attn_out_width) / t
+        if m.attention == "mla":  # absorbed MLA: scores and values on the latent
+            self._decode_per_ctx = 2 * self._q_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+            self._prefill_per_pair = 2 * self._q_heads * (
+                m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        else:
+            self._decode_per_ctx = 4 * self._q_heads * m.head_dim
+            self._prefill_per_pair = 4 * self._q_heads * m.head_dim
+        decode = self._fits.get("attention_decode")
+        self._decode_split = decode.tile_m if decode is not None and decode.tile_m else (
+            DECODE_SPLIT_TOKENS)
+        self._decode_rows = self._decode_row_heads(decode) if decode else self._q_heads
+        prefill = self._fits.get("attention_prefill")
+        # Prefill tiles are chosen by head dimension (FlashAttention-class kernels).
+        self._prefill_scale = (None if m.attention == "mla" or prefill is None
+                               else prefill.work_scale(m.head_dim))
 
     def _decode_row_heads(self, fit: OperatorFit) -> float:
         """Rows of per-row decode-attention work per sequence, as the fit counts them."""
@@ -112,10 +147,8 @@ class OperatorPricing:
     def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
         """Parallel units and tile/wave FLOPs multiplier of decode attention: a tiled fit's
         ``tile_m`` is its split-KV partition, else ``DECODE_SPLIT_TOKENS``."""
-        kvh = self.kv_heads_per_device
-        fit = self._fits.get("attention_decode")
-        split = fit.tile_m if fit is not None and fit.tile_m else DECODE_SPLIT_TOKENS
-        return (decode_units(seqs, ctx, kvh, split),
+        kvh = self._kvh
+        return (decode_units(seqs, ctx, kvh, self._decode_split),
                 self._quant("attention_decode", (seqs, ctx, kvh)))
 
     def _decode_attention_op(self, seqs: int, ctx: Any) -> tuple[Any, Any, Any, Any]:
@@ -132,12 +165,17 @@ class OperatorPricing:
         fit = self._fits.get("attention_decode")
         if fit is None or seqs <= 1:
             return flops, nbytes, units, quant
-        longest = np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0)
+        series = isinstance(ctx, np.ndarray)  # a decode series, else one step's floats
+        longest = (np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0) if series
+                   else max(float(ctx) - (seqs - 1), 1.0))
         flops1, nbytes1 = self._decode_attention_work(1, longest)
         units1, quant1 = self._decode_units(1, longest)
-        batch = np.maximum(*fit.parts(self._peak16, self._bw, flops, nbytes, units, quant))
-        alone = np.maximum(*fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1))
-        slower = alone > batch
+        batch = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
+        alone = fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1)
+        if not series:
+            return ((flops1, nbytes1, units1, quant1) if max(alone) > max(batch)
+                    else (flops, nbytes, units, quant))
+        slower = np.maximum(*alone) > np.maximum(*batch)
         return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
                 np.where(slower, units1, units), np.where(slower, quant1, quant))
 
@@ -170,26 +208,21 @@ class OperatorPricing:
         and adding a chunk never makes the operator cheaper (tiles from the mean length
         would: a short prompt next to a long one halves the tile).
         """
-        m, t = self.model, self.parallelism.tp
+        m = self.model
         seqs, tokens, pairs = b.prefill_seqs, b.prefill_tokens, b.prefill_attn_pairs
-        heads = m.num_attention_heads / t
-        if m.attention == "mla":
-            per_pair = 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
-        else:
-            per_pair = 4 * heads * m.head_dim
-        io_width = (m.q_width + m.attn_out_width) / t
-        kv_token = self.kv_elements_per_token_per_layer_device() * self._kvb
-        nbytes = b.prefill_kv_tokens * kv_token + tokens * io_width * self._ab
+        heads, per_pair = self._q_heads, self._prefill_per_pair
+        kv_token = self._kv_elems * self._kvb
+        nbytes = b.prefill_kv_tokens * kv_token + tokens * self._attn_io * self._ab
         fit = self._fits.get("attention_prefill")
         if m.attention != "mla":  # K/V re-read per query block (FlashAttention-class)
             nbytes += kv_reread_bytes(pairs, kv_token)
-            if fit is not None:  # tiles chosen by head dimension
-                scale = fit.work_scale(m.head_dim)
+            scale = self._prefill_scale
+            if scale is not None:  # tiles chosen by head dimension
                 per_pair, nbytes = per_pair * scale, nbytes * scale
         longest = (min(b.prefill_max_tokens, tokens) if b.prefill_max_tokens
                    else self._longest_chunk(seqs, tokens, pairs))
         longest = max(longest, math.ceil(tokens / seqs))
-        shape = prefill_tiles(seqs, float(longest), heads, float(self.kv_heads_per_device),
+        shape = prefill_tiles(seqs, float(longest), heads, float(self._kvh),
                               m.head_dim, fit is not None and fit.pack_gqa)
         quant = self._quant("attention_prefill", shape)
         if seqs > 1 and quant != 1.0:
@@ -211,16 +244,8 @@ class OperatorPricing:
 
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         """FLOPs and bytes of one layer's decode attention on one device."""
-        m, t = self.model, self.parallelism.tp
-        heads = m.num_attention_heads / t
-        kv_elems = self.kv_elements_per_token_per_layer_device()
-        io_width = (m.q_width + m.attn_out_width) / t
-        if m.attention == "mla":  # absorbed MLA: scores and values on the latent
-            per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-        else:
-            per_ctx = 4 * heads * m.head_dim
-        flops = per_ctx * ctx
-        nbytes = ctx * kv_elems * self._kvb + seqs * io_width * self._ab
+        flops = self._decode_per_ctx * ctx
+        nbytes = ctx * self._kv_elems * self._kvb + seqs * self._attn_io * self._ab
         return flops, nbytes
 
     # ----- operators -----------------------------------------------------------------
@@ -274,8 +299,8 @@ class OperatorPricing:
             quant = self._quant_memo.get(key)  # type: ignore[assignment]
             if quant is None:
                 # Each GEMM of the group has its own tiles: FLOP-weighted multiplier.
-                quant = (sum(n * k * self._quant(label, (1.0, tokens, n, k)) for n, k in gemms)
-                         / sum(n * k for n, k in gemms))
+                quant = (sum(n * k * scalar_quantisation(fit, (1.0, tokens, n, k), self._sms)
+                             for n, k in gemms) / sum(n * k for n, k in gemms))
                 self._quant_memo[key] = quant
         self._op(acc, flops, nbytes, kernels, times, label,
                  (tokens, shapes) if shapes is not None else None, tokens, tokens * k_sum,
@@ -287,7 +312,7 @@ class OperatorPricing:
             return
         # The engine's own measured all-reduce where the group stays on the scale-up link.
         curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
-        seconds = curve.seconds(nbytes) if curve is not None else None
+        seconds = curve.seconds(nbytes, self._ar_knots[ranks]) if curve is not None else None
         if seconds is None:
             seconds = allreduce_time(nbytes, ranks, link)
         acc.add_comm(seconds * times, "allreduce")
@@ -316,18 +341,15 @@ class OperatorPricing:
             self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
 
     def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
-        heads = self.model.num_attention_heads / self.parallelism.tp
         if b.prefill_tokens:
             flops, nbytes, units, quant = self._prefill_attention_op(b)
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
-                     float(units), b.prefill_tokens * heads, float(quant))
+                     float(units), b.prefill_tokens * self._q_heads, float(quant))
         if b.decode_seqs and decode:
             flops, nbytes, units, quant = self._decode_attention_op(b.decode_seqs,
                                                                     b.decode_ctx_tokens)
-            fit = self._fits.get("attention_decode")
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
-                     float(units), b.decode_seqs * (self._decode_row_heads(fit) if fit else heads),
-                     float(quant))
+                     float(units), b.decode_seqs * self._decode_rows, float(quant))
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism

@@ -77,7 +77,9 @@ def decode_units(seqs: Any, ctx_tokens: Any, kv_heads: Any,
     """Parallel work units of a decode-attention step: (sequence, KV head) pairs, or its
     split-KV partitions when the contexts are long. Grows with every sequence and token, so
     adding a sequence to a batch never makes the step cheaper."""
-    return kv_heads * np.maximum(seqs, np.asarray(ctx_tokens, dtype=float) / split)
+    if _arr(seqs) or _arr(ctx_tokens):
+        return kv_heads * np.maximum(seqs, np.asarray(ctx_tokens, dtype=float) / split)
+    return kv_heads * float(max(seqs, float(ctx_tokens) / split))
 
 
 PREFILL_BLOCK_M = 128
@@ -230,3 +232,36 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
     whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k)
     overhead = fit.tile_k0 / _max(k, 1.0) if fit.tile_k0 else 0.0
     return wave_factor(whole, exact, sms, max_split, overhead)
+
+
+def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | None,
+                        decode: bool = False) -> float:
+    """:func:`quantisation` of one operator's floats (a fit with ``tile_m`` and the device's
+    ``sm_count``): the same operations in the same order on plain floats, bit for bit
+    (tests/test_step_pricing.py), without the per-call array dispatch of the helpers above:
+    a step prices several tile counts, and first-time step prices dominate some runs."""
+    if sms is None:
+        raise ValueError("a fit with tile_m needs the device's sm_count")
+    if decode:  # decode_tiles, then wave_factor without split-K or fixed work (split = 1)
+        seqs, ctx, kv_heads = shape[:3]
+        whole = kv_heads * float(max(seqs, float(math.ceil(ctx / fit.tile_m))))
+        exact = kv_heads * float(max(seqs, ctx / fit.tile_m))
+        whole = float(max(whole, 1.0))
+        return float(math.ceil(whole / sms)) * sms / float(max(exact, 1e-9))
+    groups, m, n, k = shape
+    tile_m, tile_n = fit.tile_m, fit.tile_n
+    tm: float = tile_m
+    if tile_n:  # tile_m_for
+        pow2 = 2.0 ** math.ceil(math.log2(float(max(m, 1.0))))
+        tm = float(min(float(max(pow2, min(MIN_TILE_M, tile_m))), tile_m))
+    m = float(max(m, 1e-9))
+    cols = n / tile_n if tile_n else n
+    whole = groups * float(math.ceil(m / tm)) * (float(math.ceil(cols)) if tile_n else cols)
+    exact = groups * (m / tm) * cols
+    max_split = float(max(k / SPLIT_K_TILE, 1.0)) if fit.split_k else 1.0
+    overhead = fit.tile_k0 / float(max(k, 1.0)) if fit.tile_k0 else 0.0
+    whole = float(max(whole, 1.0))  # wave_factor
+    split = float(max(float(min(float(math.floor(sms / whole)), float(math.floor(max_split)))),
+                      1.0))
+    waves = float(math.ceil(whole * split / sms))
+    return waves * sms / (float(max(exact, 1e-9)) * split) * (1.0 + overhead * split)

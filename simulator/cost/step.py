@@ -87,6 +87,7 @@ class InstanceCostModel(OperatorPricing):
         dev, eff = self.device, self.device.efficiency
         self._peak = dev.peak_flops(self._cp)
         self._bw = dev.memory_bandwidth
+        self._sms = dev.sm_count
         self._launch = dev.kernel_launch_us * 1e-6
         self._flat = eff.compute_curve is None and eff.memory_curve is None
         self._eta_c = eff.eta_compute(1.0, self._cp)
@@ -97,7 +98,9 @@ class InstanceCostModel(OperatorPricing):
         self._ffn_params = m.ffn_params(m.intermediate_size) / t
         self._ffn_width = m.intermediate_size / t
         self._fits = self._operator_fits() if self.fitted else {}
+        self._attention_constants()
         self._ar_curves = dev.allreduce_curves(self.engine) if self.fitted else {}
+        self._ar_knots = {ranks: c.log_knots() for ranks, c in self._ar_curves.items()}
         self._peak16 = dev.peak_flops("bf16")
         # (n, k) of each GEMM per device, for predictors that look shapes up in tables.
         h = m.hidden_size

@@ -161,7 +161,11 @@ class OperatorFit(_Frozen):
         ``quant`` is the tile/wave multiplier of the FLOPs (1 without ``tile_m``); the fill
         term adds ``F * (half_units / U)``, which stays constant while F grows with U.
         """
-        under = (units + self.half_units) / np.maximum(units, 1e-9) if self.half_units else 1.0
+        if self.half_units:  # one step's floats without numpy (same value as np.maximum)
+            fewest = np.maximum(units, 1e-9) if isinstance(units, np.ndarray) else max(units, 1e-9)
+            under = (units + self.half_units) / fewest
+        else:
+            under = 1.0
         if self.tile_m:
             flops_eff = flops * quant + (flops * (under - 1.0) if self.half_units else 0.0)
         else:
@@ -201,12 +205,20 @@ class CollectiveCurve(_Frozen):
             raise ValueError("points must increase in bytes")
         return self
 
-    def seconds(self, nbytes: float) -> float | None:
-        sizes = np.log([b for b, _ in self.points])
-        times = np.log([t for _, t in self.points])
-        if nbytes <= 0 or not sizes[0] <= math.log(nbytes) <= sizes[-1]:
+    def log_knots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Log bytes and log microseconds of the knots, as :meth:`seconds` interpolates them
+        (a caller pricing many messages computes them once and passes them in)."""
+        return np.log([b for b, _ in self.points]), np.log([t for _, t in self.points])
+
+    def seconds(self, nbytes: float,
+                knots: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
+        sizes, times = knots if knots is not None else self.log_knots()
+        if nbytes <= 0:
             return None
-        return float(np.exp(np.interp(math.log(nbytes), sizes, times))) * 1e-6
+        at = math.log(nbytes)
+        if not sizes[0] <= at <= sizes[-1]:
+            return None
+        return float(np.exp(np.interp(at, sizes, times))) * 1e-6
 
 
 class OperatorFits(_Frozen):

@@ -1,0 +1,286 @@
+"""First-time step prices: the float fast paths equal the formulas they replace, bit for bit.
+
+One step is priced on plain floats: ``scalar_quantisation`` for the tile/wave multipliers,
+the scalar branches of ``decode_units`` and ``OperatorFit.parts``, attention shapes and the
+all-reduce curve's log knots computed once per instance. A decode series and the kernel fit
+run the same formulas on numpy arrays. :class:`Reference` is the step model as it priced
+before those paths existed: its attention and all-reduce methods as they were, the generic
+tile counts (``quantisation``) and numpy's ``maximum`` in the fill term
+(:func:`reference_formulas`). Every field of every price must be ``==``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cost import BatchShape, InstanceCostModel, LinkSet, Parallelism, Precisions, operators
+from simulator.cost.accounting import _Acc
+from simulator.cost.collectives import allreduce_time
+from simulator.cost.host import host_model
+from simulator.cost.roofline import (
+    DECODE_SPLIT_TOKENS,
+    decode_units,
+    kv_reread_bytes,
+    prefill_tiles,
+    quantisation,
+    scalar_quantisation,
+)
+from simulator.hardware.engines import engine_names, load_engine
+from simulator.hardware.profiles import OperatorFit
+from simulator.hardware.registry import device_names, load_device, load_link
+from simulator.models import get_model, model_names
+
+
+def _array_decode_units(seqs: Any, ctx: Any, kv_heads: Any, split: int) -> Any:
+    return kv_heads * np.maximum(seqs, np.asarray(ctx, dtype=float) / split)
+
+
+def _generic_quantisation(fit: OperatorFit, shape: tuple[Any, ...], sms: int | None,
+                          decode: bool = False) -> float:
+    return float(quantisation(fit, shape, sms, decode))
+
+
+_PARTS = OperatorFit.parts
+
+
+def _array_parts(self: OperatorFit, peak: float, bw: float, flops: Any, nbytes: Any,
+                 units: Any = 1.0, quant: Any = 1.0) -> tuple[Any, Any]:
+    return _PARTS(self, peak, bw, flops, nbytes, np.asarray(units), quant)
+
+
+@contextmanager
+def reference_formulas() -> Iterator[None]:
+    """Tile counts through the generic helpers, the fill term through ``np.maximum``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(operators, "scalar_quantisation", _generic_quantisation)
+        mp.setattr(OperatorFit, "parts", _array_parts)
+        yield
+
+
+class Reference(InstanceCostModel):
+    """The attention and all-reduce operators as priced before the float fast paths."""
+
+    def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
+        kvh = self.kv_heads_per_device
+        fit = self._fits.get("attention_decode")
+        split = fit.tile_m if fit is not None and fit.tile_m else DECODE_SPLIT_TOKENS
+        return (_array_decode_units(seqs, ctx, kvh, split),
+                self._quant("attention_decode", (seqs, ctx, kvh)))
+
+    def _decode_attention_op(self, seqs: int, ctx: Any) -> tuple[Any, Any, Any, Any]:
+        flops, nbytes = self._decode_attention_work(seqs, ctx)
+        units, quant = self._decode_units(seqs, ctx)
+        fit = self._fits.get("attention_decode")
+        if fit is None or seqs <= 1:
+            return flops, nbytes, units, quant
+        longest = np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0)
+        flops1, nbytes1 = self._decode_attention_work(1, longest)
+        units1, quant1 = self._decode_units(1, longest)
+        batch = np.maximum(*fit.parts(self._peak16, self._bw, flops, nbytes, units, quant))
+        alone = np.maximum(*fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1))
+        slower = alone > batch
+        return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
+                np.where(slower, units1, units), np.where(slower, quant1, quant))
+
+    def _prefill_attention_op(self, b: BatchShape) -> tuple[float, float, float, float]:
+        m, t = self.model, self.parallelism.tp
+        seqs, tokens, pairs = b.prefill_seqs, b.prefill_tokens, b.prefill_attn_pairs
+        heads = m.num_attention_heads / t
+        if m.attention == "mla":
+            per_pair = 2 * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        else:
+            per_pair = 4 * heads * m.head_dim
+        io_width = (m.q_width + m.attn_out_width) / t
+        kv_token = self.kv_elements_per_token_per_layer_device() * self._kvb
+        nbytes = b.prefill_kv_tokens * kv_token + tokens * io_width * self._ab
+        fit = self._fits.get("attention_prefill")
+        if m.attention != "mla":
+            nbytes += kv_reread_bytes(pairs, kv_token)
+            if fit is not None:
+                scale = fit.work_scale(m.head_dim)
+                per_pair, nbytes = per_pair * scale, nbytes * scale
+        longest = (min(b.prefill_max_tokens, tokens) if b.prefill_max_tokens
+                   else self._longest_chunk(seqs, tokens, pairs))
+        longest = max(longest, math.ceil(tokens / seqs))
+        shape = prefill_tiles(seqs, float(longest), heads, float(self.kv_heads_per_device),
+                              m.head_dim, fit is not None and fit.pack_gqa)
+        quant = self._quant("attention_prefill", shape)
+        if seqs > 1 and quant != 1.0:
+            quant *= seqs * longest / tokens * max(1.0, tokens * (longest + 1) / 2 / pairs)
+        batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
+        if fit is None or seqs <= 1:
+            return batch
+        ctx = b.prefill_kv_tokens - tokens
+        alone = self._prefill_attention_op(BatchShape(
+            prefill_tokens=longest, prefill_seqs=1,
+            prefill_attn_pairs=min(longest * (ctx + (longest + 1) / 2), pairs),
+            prefill_kv_tokens=min(ctx + longest, b.prefill_kv_tokens)))
+        slower = (max(fit.parts(self._peak16, self._bw, *alone))
+                  > max(fit.parts(self._peak16, self._bw, *batch)))
+        return alone if slower else batch
+
+    def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
+        m, t = self.model, self.parallelism.tp
+        heads = m.num_attention_heads / t
+        kv_elems = self.kv_elements_per_token_per_layer_device()
+        io_width = (m.q_width + m.attn_out_width) / t
+        if m.attention == "mla":
+            per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        else:
+            per_ctx = 4 * heads * m.head_dim
+        return per_ctx * ctx, ctx * kv_elems * self._kvb + seqs * io_width * self._ab
+
+    def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
+        heads = self.model.num_attention_heads / self.parallelism.tp
+        if b.prefill_tokens:
+            flops, nbytes, units, quant = self._prefill_attention_op(b)
+            self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
+                     float(units), b.prefill_tokens * heads, float(quant))
+        if b.decode_seqs and decode:
+            flops, nbytes, units, quant = self._decode_attention_op(b.decode_seqs,
+                                                                    b.decode_ctx_tokens)
+            fit = self._fits.get("attention_decode")
+            self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
+                     float(units), b.decode_seqs * (self._decode_row_heads(fit) if fit else heads),
+                     float(quant))
+
+    def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
+        link = self.links.tp
+        if link is None:
+            return
+        curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
+        seconds = curve.seconds(nbytes) if curve is not None else None
+        if seconds is None:
+            seconds = allreduce_time(nbytes, ranks, link)
+        acc.add_comm(seconds * times, "allreduce")
+
+
+PRECISIONS = [("bf16", "bf16", "bf16"), ("bf16", "bf16", "fp8"), ("fp8", "fp8", "fp8"),
+              ("fp8", "bf16", "bf16")]
+
+
+def _cost(cls: type[InstanceCostModel], device: str, engine: str, fitted: bool, model: str,
+          tp: int, precision: tuple[str, str, str], link: str | None, imbalance: float,
+          max_seqs: int | None) -> InstanceCostModel:
+    dev, eng = load_device(device), load_engine(engine)
+    return cls(get_model(model), dev, Parallelism(tp=tp), Precisions(*precision),
+               LinkSet(tp=load_link(link or dev.scale_up_link or "ideal") if tp > 1 else None),
+               step_overhead_s=eng.step_overhead_us * 1e-6,
+               per_sequence_overhead_s=eng.per_sequence_overhead_us * 1e-6,
+               graph_launch_factor=eng.graph_launch_factor if eng.cuda_graphs else 1.0,
+               moe_imbalance=imbalance, engine=eng.name, fitted=fitted,
+               host=host_model(eng, max_seqs, dev.memory_capacity_gib, tp))
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> BatchShape:
+    """Prefill chunks (new tokens on cached ones) and decodes (their count and context sum)."""
+    chunks = draw(st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 32_768),
+                                     st.booleans()), max_size=4))
+    seqs = draw(st.integers(0, 512))
+    ctx = draw(st.integers(seqs, 4_000_000)) if seqs else 0
+    b = BatchShape.build(chunks)
+    b = replace(b, decode_seqs=seqs, decode_ctx_tokens=ctx, logits_seqs=b.logits_seqs + seqs)
+    return replace(b, prefill_max_tokens=0) if draw(st.booleans()) else b
+
+
+@pytest.mark.parametrize("engine", engine_names())
+@pytest.mark.parametrize("device", device_names())
+@settings(max_examples=12, deadline=None)
+@given(fitted=st.booleans(), model=st.sampled_from(model_names()),
+       tp=st.sampled_from([1, 2, 4, 8]), precision=st.sampled_from(PRECISIONS),
+       link=st.sampled_from([None, "ib-ndr"]), imbalance=st.sampled_from([1.0, 1.37]),
+       max_seqs=st.sampled_from([None, 64]), batch=batches(),
+       ctx=st.lists(st.integers(0, 4_000_000), min_size=1, max_size=8))
+def test_first_time_prices_equal_the_formulas_they_replace(
+        device: str, engine: str, fitted: bool, model: str, tp: int,
+        precision: tuple[str, str, str], link: str | None, imbalance: float,
+        max_seqs: int | None, batch: BatchShape, ctx: list[int]) -> None:
+    args = (device, engine, fitted, model, tp, precision, link, imbalance, max_seqs)
+    new, ref = _cost(InstanceCostModel, *args), _cost(Reference, *args)
+    got = new.step(batch), new.breakdown(batch)
+    again = new.step(batch)  # a second time, from what the first call remembered
+    n = max(batch.decode_seqs, 1)
+    series = new.decode_series(n, np.asarray(ctx) + n)
+    with reference_formulas():
+        want = ref.step(batch), ref.breakdown(batch)
+        want_series = ref.decode_series(n, np.asarray(ctx) + n)
+    assert got == want
+    assert again == want[0]
+    for a, b in zip(series, want_series, strict=True):
+        assert np.array_equal(a, b)
+
+
+fits = st.builds(
+    OperatorFit, compute=st.floats(0.05, 1.0), half_flops=st.floats(0, 1e10),
+    memory=st.floats(0.05, 1.0), half_bytes=st.floats(0, 1e8),
+    half_units=st.sampled_from([0.0, 11.9, 140.3]), floor_us=st.floats(0, 20),
+    tile_m=st.sampled_from([16, 64, 128, 256, 512, 1024]),
+    tile_n=st.sampled_from([0, 64, 128, 256]), split_k=st.booleans(),
+    tile_k0=st.sampled_from([0, 128, 256, 2048]))
+sizes = st.one_of(st.integers(1, 10**7), st.floats(1e-3, 1e7))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(fit=fits, groups=st.one_of(st.just(1.0), sizes), m=sizes, n=sizes, k=sizes,
+       sms=st.sampled_from([108, 132, 142, 148, 304]))
+def test_scalar_tile_counts_equal_the_generic_ones(fit: OperatorFit, groups: float, m: float,
+                                                   n: float, k: float, sms: int) -> None:
+    shape = (groups, m, n, k)
+    assert scalar_quantisation(fit, shape, sms) == quantisation(fit, shape, sms)
+    decode = (m, n, k)  # sequences, context tokens, KV heads
+    got = scalar_quantisation(fit, decode, sms, decode=True)
+    assert isinstance(got, float)
+    assert got == quantisation(fit, decode, sms, decode=True)
+
+
+def test_scalar_tile_counts_need_the_devices_sm_count() -> None:
+    fit = OperatorFit(compute=0.7, half_flops=0, memory=0.8, half_bytes=0, floor_us=1,
+                      tile_m=128)
+    with pytest.raises(ValueError, match="sm_count"):
+        scalar_quantisation(fit, (1.0, 64.0, 4096.0, 4096.0), None)
+
+
+@settings(max_examples=500, deadline=None)
+@given(seqs=st.integers(1, 4096), ctx=st.one_of(st.integers(0, 10**8), st.floats(0, 1e8)),
+       kv_heads=st.integers(1, 128), split=st.sampled_from([128, 256, 512, 1024]))
+def test_one_steps_decode_units_equal_the_array_formula(seqs: int, ctx: float, kv_heads: int,
+                                                         split: int) -> None:
+    want = _array_decode_units(seqs, np.array([ctx]), kv_heads, split)[0]
+    assert decode_units(seqs, ctx, kv_heads, split) == want
+    assert decode_units(seqs, np.array([ctx]), kv_heads, split)[0] == want
+
+
+SHIPPED_FITS = [fit for name in device_names() for fits_ in (load_device(name).operators or {})
+                .values() for fit in fits_.fits.values()]
+
+
+@settings(max_examples=500, deadline=None)
+@given(fit=st.sampled_from(SHIPPED_FITS), flops=st.floats(0, 1e15), nbytes=st.floats(0, 1e12),
+       units=st.one_of(st.floats(0, 1e6), st.integers(0, 10**6)), quant=st.floats(1.0, 20.0))
+def test_one_steps_fill_term_equals_the_array_formula(fit: OperatorFit, flops: float,
+                                                       nbytes: float, units: float,
+                                                       quant: float) -> None:
+    got = fit.parts(1e15, 3e12, flops, nbytes, units, quant)
+    want = fit.parts(1e15, 3e12, np.array([flops]), np.array([nbytes]), np.array([units]),
+                     np.array([quant]))
+    assert got == (want[0][0], want[1][0])
+
+
+CURVES = [c for name in device_names() for fits_ in (load_device(name).operators or {}).values()
+          for c in fits_.allreduce]
+
+
+@settings(max_examples=300, deadline=None)
+@given(curve=st.sampled_from(CURVES), nbytes=st.floats(0, 1e10))
+def test_allreduce_curve_with_knots_kept_equals_one_without(curve: Any, nbytes: float) -> None:
+    assert curve.seconds(nbytes, curve.log_knots()) == curve.seconds(nbytes)
