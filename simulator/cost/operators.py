@@ -98,20 +98,26 @@ class OperatorPricing:
 
     def _quant(self, label: str, shape: tuple[Any, ...]) -> Any:
         """Tile/wave FLOPs multiplier of operator ``label`` of ``shape`` (1 without a tiled
-        fit). Scalar shapes are remembered per instance: a run prices the same batch sizes
-        over and over, and the tile count costs a few dozen numpy calls."""
+        fit). Scalar shapes are remembered per instance where they repeat (a run prices the
+        same prompt lengths and expert loads over and over), not for decode attention: its
+        shape holds the batch's context sum, which seldom comes back (6 % of (a)'s decode
+        tile counts and 3 % of (b)'s in benchmarks/bench.py), and a float tile count costs
+        less than remembering it."""
         fit = self._fits.get(label)
         if fit is None or not fit.tile_m:
             return 1.0
+        decode = label == "attention_decode"
         if isinstance(shape[1], np.ndarray):
-            return quantisation(fit, shape, self.device.sm_count, label == "attention_decode")
+            return quantisation(fit, shape, self.device.sm_count, decode)
+        if decode:
+            return scalar_quantisation(fit, shape, self._sms, True)
         key = (label, *shape)
         memo = self._quant_memo
         quant = memo.get(key)
         if quant is None:
             if len(memo) >= QUANT_MEMO_SIZE:
                 memo.clear()
-            quant = scalar_quantisation(fit, shape, self._sms, label == "attention_decode")
+            quant = scalar_quantisation(fit, shape, self._sms)
             memo[key] = quant
         return quant
 

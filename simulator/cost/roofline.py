@@ -246,8 +246,8 @@ def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | N
         seqs, ctx, kv_heads = shape[:3]
         whole = kv_heads * float(max(seqs, float(math.ceil(ctx / fit.tile_m))))
         exact = kv_heads * float(max(seqs, ctx / fit.tile_m))
-        whole = float(max(whole, 1.0))
-        return float(math.ceil(whole / sms)) * sms / float(max(exact, 1e-9))
+        whole = max(whole, 1.0)
+        return float(math.ceil(whole / sms)) * sms / max(exact, 1e-9)
     groups, m, n, k = shape
     tile_m, tile_n = fit.tile_m, fit.tile_n
     tm: float = tile_m
@@ -258,10 +258,9 @@ def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | N
     cols = n / tile_n if tile_n else n
     whole = groups * float(math.ceil(m / tm)) * (float(math.ceil(cols)) if tile_n else cols)
     exact = groups * (m / tm) * cols
-    max_split = float(max(k / SPLIT_K_TILE, 1.0)) if fit.split_k else 1.0
+    max_split = max(k / SPLIT_K_TILE, 1.0) if fit.split_k else 1.0
     overhead = fit.tile_k0 / float(max(k, 1.0)) if fit.tile_k0 else 0.0
-    whole = float(max(whole, 1.0))  # wave_factor
-    split = float(max(float(min(float(math.floor(sms / whole)), float(math.floor(max_split)))),
-                      1.0))
+    whole = max(whole, 1.0)  # wave_factor (floats stay floats: max and min pick one)
+    split = max(min(float(math.floor(sms / whole)), float(math.floor(max_split))), 1.0)
     waves = float(math.ceil(whole * split / sms))
-    return waves * sms / (float(max(exact, 1e-9)) * split) * (1.0 + overhead * split)
+    return waves * sms / (max(exact, 1e-9) * split) * (1.0 + overhead * split)
