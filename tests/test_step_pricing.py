@@ -5,8 +5,9 @@ the scalar branches of ``decode_units`` and ``OperatorFit.parts``, attention sha
 all-reduce curve's log knots computed once per instance. A decode series and the kernel fit
 run the same formulas on numpy arrays. :class:`Reference` is the step model as it priced
 before those paths existed: its attention and all-reduce methods as they were, the generic
-tile counts (``quantisation``) and numpy's ``maximum`` in the fill term
-(:func:`reference_formulas`). Every field of every price must be ``==``.
+tile counts (``quantisation``, decode blocks through ``wave_factor``) and numpy's
+``maximum`` in the fill term (:func:`reference_formulas`). Every field of every price,
+one step's and a decode series', must be ``==``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from simulator.cost.collectives import allreduce_time
 from simulator.cost.host import host_model
 from simulator.cost.roofline import (
     DECODE_SPLIT_TOKENS,
+    decode_tiles,
     decode_units,
     kv_reread_bytes,
     prefill_tiles,
     quantisation,
     scalar_quantisation,
+    wave_factor,
 )
 from simulator.hardware.engines import engine_names, load_engine
 from simulator.hardware.profiles import OperatorFit
@@ -44,9 +47,17 @@ def _array_decode_units(seqs: Any, ctx: Any, kv_heads: Any, split: int) -> Any:
     return kv_heads * np.maximum(seqs, np.asarray(ctx, dtype=float) / split)
 
 
-def _generic_quantisation(fit: OperatorFit, shape: tuple[Any, ...], sms: int | None,
-                          decode: bool = False) -> float:
-    return float(quantisation(fit, shape, sms, decode))
+def _generic_quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | None,
+                          decode: bool = False) -> Any:
+    """The tile counts through the generic helpers, decode blocks through ``wave_factor``."""
+    if decode and fit.tile_m and shape is not None and sms is not None:
+        return wave_factor(*decode_tiles(*shape[:3], fit.tile_m), sms)
+    return quantisation(fit, shape, sms, decode)
+
+
+def _generic_scalar_quantisation(fit: OperatorFit, shape: tuple[Any, ...], sms: int | None,
+                                 decode: bool = False) -> float:
+    return float(_generic_quantisation(fit, shape, sms, decode))
 
 
 _PARTS = OperatorFit.parts
@@ -61,7 +72,8 @@ def _array_parts(self: OperatorFit, peak: float, bw: float, flops: Any, nbytes: 
 def reference_formulas() -> Iterator[None]:
     """Tile counts through the generic helpers, the fill term through ``np.maximum``."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(operators, "scalar_quantisation", _generic_quantisation)
+        mp.setattr(operators, "quantisation", _generic_quantisation)
+        mp.setattr(operators, "scalar_quantisation", _generic_scalar_quantisation)
         mp.setattr(OperatorFit, "parts", _array_parts)
         yield
 
@@ -241,6 +253,10 @@ def test_scalar_tile_counts_equal_the_generic_ones(fit: OperatorFit, groups: flo
     got = scalar_quantisation(fit, decode, sms, decode=True)
     assert isinstance(got, float)
     assert got == quantisation(fit, decode, sms, decode=True)
+    assert got == _generic_quantisation(fit, decode, sms, decode=True)
+    blocks = (np.array([m, 1.0]), np.array([n, 7.0]), k)
+    assert np.array_equal(quantisation(fit, blocks, sms, decode=True),
+                          _generic_quantisation(fit, blocks, sms, decode=True))
 
 
 def test_scalar_tile_counts_need_the_devices_sm_count() -> None:

@@ -227,7 +227,9 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
     if decode:
         seqs, ctx, kv_heads = shape[:3]
         whole, exact = decode_tiles(seqs, ctx, kv_heads, fit.tile_m)
-        return wave_factor(whole, exact, sms)
+        # wave_factor(whole, exact, sms) without split-K or fixed work: its split is 1, so
+        # the factor is waves * SMs / exact blocks (the same floats in fewer array passes).
+        return _ceil(_max(whole, 1.0) / sms) * sms / _max(exact, 1e-9)
     groups, m, n, k = shape
     whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k)
     overhead = fit.tile_k0 / _max(k, 1.0) if fit.tile_k0 else 0.0
@@ -242,12 +244,11 @@ def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | N
     a step prices several tile counts, and first-time step prices dominate some runs."""
     if sms is None:
         raise ValueError("a fit with tile_m needs the device's sm_count")
-    if decode:  # decode_tiles, then wave_factor without split-K or fixed work (split = 1)
+    if decode:  # decode_tiles, then waves * SMs / exact blocks as in quantisation
         seqs, ctx, kv_heads = shape[:3]
         whole = kv_heads * float(max(seqs, float(math.ceil(ctx / fit.tile_m))))
         exact = kv_heads * float(max(seqs, ctx / fit.tile_m))
-        whole = max(whole, 1.0)
-        return float(math.ceil(whole / sms)) * sms / max(exact, 1e-9)
+        return float(math.ceil(max(whole, 1.0) / sms)) * sms / max(exact, 1e-9)
     groups, m, n, k = shape
     tile_m, tile_n = fit.tile_m, fit.tile_n
     tm: float = tile_m
