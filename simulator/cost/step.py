@@ -112,6 +112,29 @@ class InstanceCostModel(OperatorPricing):
         if self.host is None:
             self.host = HostModel(self.step_overhead_s, self.per_sequence_overhead_s)
 
+    def _attention_constants(self) -> None:
+        """The per-device shapes attention is priced with, computed once per instance."""
+        m, t = self.model, self.parallelism.tp
+        self._kvh = self.kv_heads_per_device
+        self._kv_elems = self.kv_elements_per_token_per_layer_device()
+        self._q_heads = m.num_attention_heads / t
+        self._attn_io = (m.q_width + m.attn_out_width) / t
+        if m.attention == "mla":  # absorbed MLA: scores and values on the latent
+            self._decode_per_ctx = 2 * self._q_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+            self._prefill_per_pair = 2 * self._q_heads * (
+                m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+        else:
+            self._decode_per_ctx = 4 * self._q_heads * m.head_dim
+            self._prefill_per_pair = 4 * self._q_heads * m.head_dim
+        decode = self._fits.get("attention_decode")
+        self._decode_split = decode.tile_m if decode is not None and decode.tile_m else (
+            DECODE_SPLIT_TOKENS)
+        self._decode_rows = self._decode_row_heads(decode) if decode else self._q_heads
+        prefill = self._fits.get("attention_prefill")
+        # Prefill tiles are chosen by head dimension (FlashAttention-class kernels).
+        self._prefill_scale = (None if m.attention == "mla" or prefill is None
+                               else prefill.work_scale(m.head_dim))
+
     def _operator_fits(self) -> dict[str, OperatorFit]:
         """Fitted roofline per operator label (labels without a fit use device-wide factors)."""
         fits = self.device.operator_fits(self.engine)

@@ -161,11 +161,8 @@ class OperatorFit(_Frozen):
         ``quant`` is the tile/wave multiplier of the FLOPs (1 without ``tile_m``); the fill
         term adds ``F * (half_units / U)``, which stays constant while F grows with U.
         """
-        if self.half_units:  # one step's floats without numpy (same value as np.maximum)
-            fewest = np.maximum(units, 1e-9) if isinstance(units, np.ndarray) else max(units, 1e-9)
-            under = (units + self.half_units) / fewest
-        else:
-            under = 1.0
+        fewest = np.maximum(units, 1e-9) if isinstance(units, np.ndarray) else max(units, 1e-9)
+        under = (units + self.half_units) / fewest if self.half_units else 1.0
         if self.tile_m:
             flops_eff = flops * quant + (flops * (under - 1.0) if self.half_units else 0.0)
         else:
