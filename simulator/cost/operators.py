@@ -100,8 +100,8 @@ class OperatorPricing:
         fit). Scalar shapes are remembered per instance where they repeat (a run prices the
         same prompt lengths and expert loads over and over), not for decode attention: its
         shape holds the batch's context sum, which seldom comes back (6 % of (a)'s decode
-        tile counts and 3 % of (b)'s in benchmarks/bench.py), and a float tile count costs
-        less than remembering it."""
+        tile counts and 3 % of (b)'s, benchmarks/bench.py at 5,000 requests), and a float
+        tile count costs less than remembering it."""
         fit = self._fits.get(label)
         if fit is None or not fit.tile_m:
             return 1.0
