@@ -116,3 +116,15 @@ def test_a_lone_transfer_cancelled_or_cut_off_reports_failure() -> None:
                      grouped=True)
     assert abs(ends[0][0] - 0.3) < 1e-12
     assert ends[0][1]
+
+
+def test_a_lone_transfer_is_one_event_and_reports_from_its_timer() -> None:
+    env = simpy.Environment()
+    fabric = Fabric(env)
+    reports: list[tuple[float, bool, int]] = []
+    first = next(env._eid)  # SimPy numbers every scheduled event from this counter
+    fabric.transfer([FlowSpec((RESOURCES[0],), 2 * GB)],
+                    lambda ok: reports.append((env.now, ok, next(env._eid))))
+    env.run()
+    # The timer (one event) and nothing else: the report is a call from it, at its time.
+    assert reports == [(0.2, True, first + 2)]
