@@ -248,8 +248,11 @@ def growth_blocks(ctx: Sequence[int], held: Sequence[int], block_size: int,
         if first < 1:  # already short: its shortfall now, then at each crossing
             at[0] += -(-c // bs) - h
             first = (1 - c) % bs or bs
-        for j in range(first, steps, bs):
-            at[j] += 1
+        if first < steps:  # most stretches cross a sequence's block edge once at most
+            at[first] += 1
+            if first + bs < steps:
+                for j in range(first + bs, steps, bs):
+                    at[j] += 1
     return list(accumulate(at))
 
 
