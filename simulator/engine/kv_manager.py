@@ -12,6 +12,8 @@ cache already holds), stage blocks loaded from a lower KV tier. Block counting i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from simulator.engine.kv import BlockManager
 from simulator.engine.prefix_cache import Below, PrefixCache
 from simulator.engine.request import Request
@@ -75,6 +77,16 @@ class KVManager:
         cache = self.cache
         pinned = req.cache_pins * cache.blocks_per_entry if cache is not None else 0
         return -(-tokens // self.block_size) - req.blocks - pinned
+
+    def decode_needs(self, reqs: Sequence[Request], lookahead: int) -> list[int]:
+        # growth_need of each, without a call per request (the decode pass of every step).
+        bs = self.block_size
+        if self.cache is None:
+            return [-(-(r.prompt_tokens + r.generated + lookahead) // bs) - r.blocks
+                    for r in reqs]
+        per = self.cache.blocks_per_entry
+        return [-(-(r.prompt_tokens + r.generated + lookahead) // bs) - r.blocks
+                - r.cache_pins * per for r in reqs]
 
     def grow(self, req: Request, blocks: int) -> None:
         self.blocks.allocate(blocks)

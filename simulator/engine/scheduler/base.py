@@ -54,6 +54,11 @@ class KVLedger(Protocol):
         """Blocks ``req`` lacks to hold ``tokens`` tokens (<= 0: none)."""
         ...
 
+    def decode_needs(self, reqs: Sequence[Request], lookahead: int) -> list[int]:
+        """``growth_need(r, r.context_tokens + lookahead)`` of each of ``reqs`` (the blocks
+        each lacks for its next decode token and ``lookahead`` draft slots), in one call."""
+        ...
+
     def grow(self, req: Request, blocks: int) -> None:
         """Give ``req`` ``blocks`` more blocks (``can_allocate`` said yes)."""
         ...
@@ -205,6 +210,9 @@ class PlainLedger:
 
     def growth_need(self, req: Request, tokens: int) -> int:
         return self.blocks_for(tokens) - self.blocks.get(req.id, 0)
+
+    def decode_needs(self, reqs: Sequence[Request], lookahead: int) -> list[int]:
+        return [self.growth_need(r, r.context_tokens + lookahead) for r in reqs]
 
     def grow(self, req: Request, blocks: int) -> None:
         if blocks > self.free:

@@ -156,8 +156,7 @@ class VllmV1:
         if not m:
             return 0
         lead = running[:m] if m < len(running) else running
-        growth_need = kv.growth_need
-        needs = [growth_need(r, r.prompt_tokens + r.generated + lookahead) for r in lead]
+        needs = kv.decode_needs(lead, lookahead)
         total = sum([n for n in needs if n > 0])
         if total:
             if not kv.can_allocate(total):
