@@ -128,3 +128,36 @@ def test_a_lone_transfer_is_one_event_and_reports_from_its_timer() -> None:
     env.run()
     # The timer (one event) and nothing else: the report is a call from it, at its time.
     assert reports == [(0.2, True, first + 2)]
+
+
+def _progressive_filling(flows: list[Flow]) -> list[float]:
+    """Max-min fair rates with caps, written as the textbook loop (Bertsekas & Gallager,
+    Data Networks 6.5.2): the reference the fabric's allocation must equal bit for bit."""
+    left = {r: r.capacity for f in flows for r in f.resources}
+    users = {r: sum(r in f.resources for f in flows) for r in left}
+    rate = {id(f): 0.0 for f in flows}
+    unfrozen = list(flows)
+    while unfrozen:
+        level = min([f.cap for f in unfrozen] + [max(0.0, left[r]) / n
+                                                 for r, n in users.items() if n])
+        full = {r for r, n in users.items() if n and max(0.0, left[r]) / n <= level}
+        frozen = [f for f in unfrozen if f.cap <= level or any(r in full for r in f.resources)]
+        for f in frozen:
+            unfrozen.remove(f)
+            rate[id(f)] = level
+            for r in f.resources:
+                left[r] -= level
+                users[r] -= 1
+    return [rate[id(f)] for f in flows]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(flow_specs, min_size=1, max_size=12),
+       st.lists(st.floats(0.0, 2.0), min_size=4, max_size=4))
+def test_allocation_is_progressive_filling_bit_for_bit(specs, factors) -> None:
+    fabric = Fabric(simpy.Environment())
+    for k, res in enumerate(RESOURCES):
+        fabric.resource(res).factor = factors[k]
+    flows = [fabric._flow(spec, False) for spec in specs]
+    fabric._allocate(dict.fromkeys(flows))
+    assert [f.rate for f in flows] == _progressive_filling(flows)

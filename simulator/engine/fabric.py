@@ -333,29 +333,54 @@ class Fabric:
         self._last = now
 
     def _allocate(self, flows: dict[Flow, None]) -> None:
-        """Max-min fair rates of ``flows`` with per-flow caps (progressive filling)."""
+        """Max-min fair rates of ``flows`` with per-flow caps (progressive filling).
+
+        Each round, every resource still shared by unfrozen flows offers its fair share
+        (what is left of it, at least 0, over those flows); the level is the least share
+        or cap; the flows at their cap or crossing a resource whose share is the level
+        freeze at it, and their rate is taken off what their resources have left.
+        """
         left: dict[Resource, float] = {}
         users: dict[Resource, int] = {}
         for flow in flows:
             for r in flow.resources:
-                left[r] = r.capacity
-                users[r] = users.get(r, 0) + 1
-        unfrozen = dict(flows)
+                n = users.get(r)
+                if n is None:
+                    left[r] = r.capacity
+                    users[r] = 1
+                else:
+                    users[r] = n + 1
+        # The fair share of every resource still shared by unfrozen flows; a round changes
+        # only those of the resources its frozen flows cross.
+        share = {r: (left[r] if left[r] > 0.0 else 0.0) / n for r, n in users.items()}
+        unfrozen = list(flows)
         while unfrozen:
-            level = min((flow.cap for flow in unfrozen), default=INF)
-            for r, n in users.items():
-                if n:
-                    level = min(level, max(0.0, left[r]) / n)
+            level = min([flow.cap for flow in unfrozen] + list(share.values()))
             assert level < INF, "a flow with neither a cap nor a finite resource"
-            full = {r for r, n in users.items() if n and max(0.0, left[r]) / n <= level}
-            frozen = [f for f in unfrozen
-                      if f.cap <= level or any(r in full for r in f.resources)]
-            for flow in frozen:
-                unfrozen.pop(flow)
+            keep: list[Flow] = []
+            touched: dict[Resource, None] = {}
+            for flow in unfrozen:
+                frozen = flow.cap <= level
+                if not frozen:
+                    for r in flow.resources:
+                        if share[r] <= level:
+                            frozen = True
+                            break
+                if not frozen:
+                    keep.append(flow)
+                    continue
                 flow.rate = level
                 for r in flow.resources:
                     left[r] -= level
                     users[r] -= 1
+                    touched[r] = None
+            for r in touched:
+                n = users[r]
+                if n:
+                    share[r] = (left[r] if left[r] > 0.0 else 0.0) / n
+                else:
+                    del share[r]
+            unfrozen = keep
 
     def _replan(self) -> None:
         self._gen += 1
