@@ -158,7 +158,7 @@ def _one(key: str, requests: int | None) -> dict[str, Any]:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(res.requests)
     return {"requests": n, "wall_s": wall, "cpu_s": cpu, "sim_wall_s": res.wall_s, "events": res.sim_events,
-            "steps": len(res.steps), "completed": res.summary["completed"],
+            "steps": res.num_steps, "completed": res.summary["completed"],
             "simulated_s": float(res.summary["duration_s"])}
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.engine.request import Request
+from simulator.metrics.compact import ROW_COLUMNS, CompactSteps
 
 Column: TypeAlias = "np.ndarray | Sequence[Any]"
 """Per-step values: a numpy array or a list."""
@@ -208,14 +209,16 @@ class Recorder:
 
     # ----- frames ----------------------------------------------------------------------
     def steps_frame(self, instance_names: list[str], pool_names: list[str],
-                    columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+                    columns: tuple[str, ...] | None = None,
+                    instance: int | None = None) -> pd.DataFrame:
         """One row per step in the order recorded, stretches expanded in place.
 
         ``columns`` keeps only these recorded columns (plus the instance's name and pool,
         and ``end_s`` only if named), for a caller that needs a few of them from a large
-        run.
+        run; ``instance`` only that instance's rows (the frame's rows of that instance, in
+        order, with a fresh index).
         """
-        cols = self._step_columns(columns)
+        cols = self._step_columns(columns, instance)
         df = pd.DataFrame(cols, copy=False)
         if "bound" in df:
             df["bound"] = pd.Categorical.from_codes(df["bound"].to_numpy(np.int8),
@@ -232,6 +235,20 @@ class Recorder:
         if "start_s" in df and "duration_s" in df and (columns is None or "end_s" in columns):
             df["end_s"] = df["start_s"] + df["duration_s"]
         return df
+
+    def compact_steps(self, instance_names: list[str], pool_names: list[str]) -> CompactSteps:
+        """The steps as kept, for the summary: the ordinary rows' columns it reads, and the
+        stretches with their per-step times (views of the records, nothing expanded)."""
+        rows = pd.DataFrame({k: _column(self.steps[k]) for k in ROW_COLUMNS}, copy=False)
+        pools = list(dict.fromkeys(pool_names))
+        pool_of = np.asarray([pools.index(p) for p in pool_names], dtype=np.int64)
+        codes = rows["instance"].to_numpy()
+        rows["pool"] = pd.Categorical.from_codes(pool_of[codes] if len(codes) else codes,
+                                                 categories=pd.Index(pools))
+        t, p = self.stretches, self.stretch_steps
+        return CompactSteps(rows, _column(t["instance"]), _column(t["steps"]),
+                            _column(t["decode_seqs"]), _column(t["row_at"]),
+                            _column(p["start_s"]), _column(p["duration_s"]), pool_of)
 
     def stretches_frame(self, instance_names: list[str], pool_names: list[str]) -> pd.DataFrame:
         """One row per fast-forward stretch recorded compactly (``stretches``/``none``).
@@ -263,17 +280,20 @@ class Recorder:
                 df[col] = []
         return df
 
-    def _step_columns(self, columns: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    def _step_columns(self, columns: tuple[str, ...] | None = None,
+                      instance: int | None = None) -> dict[str, np.ndarray]:
         names = [n for n, _ in STEP_COLUMNS
                  if columns is None or n in columns or n == "instance"]
         cols = {k: _column(self.steps[k]) for k in names}
-        if not len(self.stretches["instance"]):
-            return cols
         t = {k: _column(v) for k, v in self.stretches.items()}
         p = {k: _column(v) for k, v in self.stretch_steps.items()}
+        if instance is not None:
+            cols, t, p = _one_instance(cols, t, p, instance)
+        if not len(t["instance"]):
+            return cols
         counts = t["steps"].astype(np.int64)
         total_stretch = int(counts.sum())
-        n_rows = len(self.steps["instance"])
+        n_rows = len(cols["instance"])
         # Where each stretch's first step and each ordinary row go in the expanded frame:
         # a stretch follows the ``row_at`` ordinary rows recorded before it, plus the steps
         # of the stretches before it; an ordinary row follows the stretches recorded
@@ -367,6 +387,22 @@ REQUEST_FIELDS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generate
                   "cancel_s")
 """The :class:`Request` attributes of the requests frame, in its column order."""
 REQUEST_COLUMN_NAMES = {"id": "request_id", "generated": "generated_tokens", "klass": "class"}
+
+
+def _one_instance(cols: dict[str, np.ndarray], t: dict[str, np.ndarray],
+                  p: dict[str, np.ndarray], instance: int
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The records of one instance, laid out as a recorder of its own would hold them."""
+    rows = np.flatnonzero(cols["instance"] == instance)
+    mine = t["instance"] == instance
+    counts = t["steps"].astype(np.int64)
+    first = np.cumsum(counts) - counts
+    n = counts[mine]
+    steps = np.repeat(first[mine] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+    sub_t = {k: v[mine] for k, v in t.items()}
+    # A stretch follows the instance's rows recorded before it.
+    sub_t["row_at"] = np.searchsorted(rows, t["row_at"][mine], side="left")
+    return ({k: v[rows] for k, v in cols.items()}, sub_t, {k: v[steps] for k, v in p.items()})
 
 
 def _request_id(req: Request) -> int:

@@ -17,6 +17,9 @@ restarts (router retries).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -73,12 +76,26 @@ def instance_timeseries(steps: pd.DataFrame, interval_s: float,
     if steps.empty:
         return pd.DataFrame(columns=["time_s", "pool", "instance_name"])
     last = float((steps["start_s"] + steps["duration_s"]).max())
-    end = max(last, end_s or 0.0)
+    return series_of_instances(steps.groupby("instance_name", sort=True, observed=True),
+                               last, interval_s, end_s)
+
+
+def series_of_instances(groups: Iterable[tuple[Any, pd.DataFrame]], last_end_s: float,
+                        interval_s: float, end_s: float | None = None) -> pd.DataFrame:
+    """:func:`instance_timeseries` from each instance's steps, one instance at a time.
+
+    ``groups`` yields ``(instance name, its rows of the steps frame in order)`` in the
+    frame's instance order; ``last_end_s`` is the latest step end of all of them. A run
+    that keeps its steps compactly expands one instance at a time here, never the frame.
+    """
+    if interval_s <= 0:
+        raise ValueError("interval_s must be > 0")
+    end = max(last_end_s, end_s or 0.0)
     edges = np.arange(0.0, end + interval_s, interval_s)
     if edges[-1] < end:
         edges = np.append(edges, edges[-1] + interval_s)
     rows = []
-    for name, s in steps.groupby("instance_name", sort=True, observed=True):
+    for name, s in groups:
         t0 = s["start_s"].to_numpy(float)
         dur = s["duration_s"].to_numpy(float)
         t1 = t0 + dur
@@ -104,13 +121,19 @@ def instance_timeseries(steps: pd.DataFrame, interval_s: float,
         })
         frame["kv_free_blocks"] = frame["kv_total_blocks"] - frame["kv_used_blocks"]
         rows.append(frame)
+    if not rows:
+        return pd.DataFrame(columns=["time_s", "pool", "instance_name"])
     return pd.concat(rows, ignore_index=True)
 
 
 def pool_timeseries(steps: pd.DataFrame, requests: pd.DataFrame, interval_s: float,
                     end_s: float | None = None) -> pd.DataFrame:
     """One row per (interval, pool): instance series summed/averaged plus request phases."""
-    inst = instance_timeseries(steps, interval_s, end_s)
+    return pools_of_instances(instance_timeseries(steps, interval_s, end_s), requests)
+
+
+def pools_of_instances(inst: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """:func:`pool_timeseries` from the instance series it aggregates."""
     if inst.empty:
         return inst
     agg = inst.groupby(["time_s", "pool"], observed=True).agg(

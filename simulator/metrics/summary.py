@@ -17,15 +17,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simulator.metrics.compact import CompactSteps
+from simulator.metrics.percentile import weighted_percentiles
+
 PERCENTILES = (50, 90, 99)
 ENDED = ("completed", "failed", "rejected", "shed", "cancelled")
 """Statuses of requests that are over (shed and cancelled: request classes)."""
 
 
 def add_latency_columns(requests: pd.DataFrame) -> pd.DataFrame:
-    """Per-request latency columns (seconds); NaN where a phase did not happen."""
+    """Per-request latency columns (seconds); NaN where a phase did not happen.
+
+    Returns a new frame; ``requests`` is left as it was. The new frame shares the input's
+    columns (pandas copy-on-write copies a column only if one of the two is changed), so a
+    million-request frame is never held twice.
+    """
     df = requests
-    out = df.copy()
+    out = df.copy(deep=False)
     out["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     out["prefill_ttft_s"] = df["prefill_end_s"] - df["arrival_s"]
     out["e2e_s"] = df["completion_s"] - df["arrival_s"]
@@ -44,34 +52,7 @@ def add_latency_columns(requests: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def weighted_percentiles(values: np.ndarray, weights: np.ndarray,
-                         qs: tuple[int, ...] = PERCENTILES) -> dict[int, float]:
-    """Percentiles of ``values`` where each value occurs ``weights`` times.
-
-    Equals ``np.percentile(np.repeat(values, weights), q)`` (linear interpolation)
-    without materialising the repeated array.
-    """
-    mask = weights > 0
-    values, weights = values[mask], weights[mask].astype(np.int64)
-    if not len(values):
-        return {q: float("nan") for q in qs}
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
-    cum = np.cumsum(w)
-    n = int(cum[-1])
-    out = {}
-    for q in qs:
-        pos = (n - 1) * q / 100.0
-        lo, hi = int(np.floor(pos)), int(np.ceil(pos))
-        v_lo = v[np.searchsorted(cum, lo + 1)]
-        v_hi = v[np.searchsorted(cum, hi + 1)]
-        out[q] = float(v_lo + (v_hi - v_lo) * (pos - lo))
-    return out
-
-
-SUMMARY_STEP_COLUMNS = ("instance", "start_s", "duration_s", "busy_s", "decode_seqs",
-                        "decode_tokens")
-"""The step columns :func:`summarize` reads (with ``pool``)."""
+__all__ = ["add_latency_columns", "itl_gaps", "slo_met", "summarize", "weighted_percentiles"]
 
 
 def itl_gaps(steps: pd.DataFrame) -> np.ndarray:
@@ -119,6 +100,32 @@ def _stats(prefix: str, series: pd.Series) -> dict[str, float]:
     return out
 
 
+def _pool_of_instance(steps: pd.DataFrame) -> np.ndarray:
+    """Pool code of each instance id seen in a steps frame (-1 for ids not seen)."""
+    inst = steps["instance"].to_numpy().astype(np.int64)
+    out = np.full(int(inst.max()) + 1 if len(inst) else 0, -1, dtype=np.int64)
+    out[inst] = steps["pool"].cat.codes.to_numpy()
+    return out
+
+
+def _itl_stats(steps: CompactSteps) -> dict[str, float]:
+    """Mean and percentiles of the inter-token gaps, each weighted by its sequences."""
+    out: dict[str, float] = {}
+    if not len(steps):
+        out["itl_mean_s"] = float("nan")
+        for q in PERCENTILES:
+            out[f"itl_p{q}_s"] = float("nan")
+        return out
+    gaps, seqs, _ = steps.itl()
+    pct = weighted_percentiles(gaps, seqs)
+    total = seqs.sum()
+    gaps *= seqs  # the weighted gaps, in place: the frame-sized array is the largest here
+    out["itl_mean_s"] = float(gaps.sum() / total) if total else float("nan")
+    for q, v in pct.items():
+        out[f"itl_p{q}_s"] = v
+    return out
+
+
 def slo_met(requests: pd.DataFrame, ttft_s: float | None, tpot_s: float | None,
             e2e_s: float | None) -> pd.Series:
     """True for completed requests that meet every given SLO."""
@@ -132,10 +139,14 @@ def slo_met(requests: pd.DataFrame, ttft_s: float | None, tpot_s: float | None,
     return ok
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | None = None,
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame | CompactSteps, *, ttft_s: float | None = None,
               tpot_s: float | None = None, e2e_s: float | None = None,
               pool_devices: dict[str, int] | None = None) -> dict[str, Any]:
-    """Throughput, latency percentiles, SLO attainment, goodput and utilisation."""
+    """Throughput, latency percentiles, SLO attainment, goodput and utilisation.
+
+    ``steps`` is the steps frame or the same steps as a run keeps them compactly
+    (:class:`~simulator.metrics.compact.CompactSteps`): the figures are the same floats.
+    """
     reqs = requests if "ttft_s" in requests else add_latency_columns(requests)
     done = reqs[reqs["status"] == "completed"]
     counts = reqs["status"].value_counts()
@@ -169,22 +180,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     # ITL: every decode step gives one inter-token gap to each sequence it advances; a
     # speculative step that advances a sequence by n tokens delivers them in one burst,
     # so the client sees that gap and n - 1 gaps of zero.
-    if len(steps):
-        durations = itl_gaps(steps)
-        seqs = steps["decode_seqs"].to_numpy()
-        if "decode_tokens" in steps:
-            burst = int((steps["decode_tokens"].to_numpy() - seqs).sum())
-            if burst > 0:
-                durations = np.append(durations, 0.0)
-                seqs = np.append(seqs, burst)
-        total = seqs.sum()
-        summary["itl_mean_s"] = float((durations * seqs).sum() / total) if total else float("nan")
-        for q, v in weighted_percentiles(durations, seqs).items():
-            summary[f"itl_p{q}_s"] = v
-    else:
-        summary["itl_mean_s"] = float("nan")
-        for q in PERCENTILES:
-            summary[f"itl_p{q}_s"] = float("nan")
+    compact = (steps if isinstance(steps, CompactSteps)
+               else CompactSteps.from_frame(steps, _pool_of_instance(steps)))
+    summary.update(_itl_stats(compact))
     met = slo_met(reqs, ttft_s, tpot_s, e2e_s)
     summary["slo_attainment"] = float(met.sum() / len(reqs)) if len(reqs) else float("nan")
     summary["goodput"] = float(met.sum()) / duration if len(done) else 0.0
@@ -204,13 +202,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, ttft_s: float | No
     # micro-batches, so overlapping micro-batches never count twice).
     # The span runs to the last step's end when work went on after the last completion
     # (requests that failed or were still in flight), so the share stays <= 1.
-    if len(steps) and not math.isnan(duration):
-        last_step = float((steps["start_s"] + steps["duration_s"]).max())
-        span = max(duration, last_step - float(reqs["arrival_s"].min()))
-        busy = steps.groupby("pool", observed=True)["busy_s"].sum()
-        inst = steps.groupby("pool", observed=True)["instance"].nunique()
+    if len(compact) and not math.isnan(duration):
+        span = max(duration, compact.last_end() - float(reqs["arrival_s"].min()))
+        busy, instances = compact.busy_by_pool()
         for pool, seconds in busy.items():
-            n = (pool_devices or {}).get(f"{pool}:instances", int(inst.get(pool, 1)))
+            n = (pool_devices or {}).get(f"{pool}:instances", instances.get(pool, 1))
             summary[f"util_{pool}"] = float(seconds / (span * max(n, 1)))
     if pool_devices:
         summary["devices"] = int(sum(v for k, v in pool_devices.items() if k.endswith(":devices")))

@@ -9,11 +9,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from simulator.engine.recorder import Recorder
 from simulator.scenario.schema import Scenario
+
+
+def _column_values(values: Any) -> set[int]:
+    """The distinct values of a recorder column (an ``array``)."""
+    if not len(values):
+        return set()
+    return set(np.unique(np.frombuffer(values, dtype=values.typecode)).tolist())
 
 
 class StepRecords:
@@ -41,6 +49,29 @@ class StepRecords:
             self._frame = self._recorder.steps_frame(self._names, self._pools)
         return self._frame
 
+    def __len__(self) -> int:
+        """Rows of the steps frame, counted without expanding a compact run's stretches."""
+        if self._frame is not None:
+            return len(self._frame)
+        assert self._recorder is not None
+        return len(self._recorder.steps["instance"]) + sum(self._recorder.stretches["steps"])
+
+    def instance_series(self, interval_s: float) -> pd.DataFrame:
+        """Monitoring series per instance (``metrics.monitoring``); a compact run expands
+        one instance's steps at a time, never the whole frame (unless already built)."""
+        from simulator.metrics.monitoring import instance_timeseries, series_of_instances
+
+        if self._frame is not None or self._recorder is None:
+            return instance_timeseries(self.frame(), interval_s)
+        rec, names, pools = self._recorder, self._names, self._pools
+        if not len(self):
+            return instance_timeseries(self.frame(), interval_s)
+        last = rec.compact_steps(names, pools).last_end()
+        seen = _column_values(rec.steps["instance"]) | _column_values(rec.stretches["instance"])
+        groups = ((names[i], rec.steps_frame(names, pools, instance=i))
+                  for i in range(len(names)) if i in seen)
+        return series_of_instances(groups, last, interval_s)
+
     def stretches(self) -> pd.DataFrame:
         rec = self._recorder or Recorder()
         return rec.stretches_frame(self._names, self._pools)
@@ -65,6 +96,11 @@ class RunResult:
         return self.step_records.frame()
 
     @property
+    def num_steps(self) -> int:
+        """``len(self.steps)``, without building the steps frame of a compact run."""
+        return len(self.step_records)
+
+    @property
     def stretches(self) -> pd.DataFrame:
         """One row per compactly kept decode stretch (``record_steps: stretches``)."""
         return self.step_records.stretches()
@@ -73,15 +109,14 @@ class RunResult:
                    per_instance: bool = False) -> pd.DataFrame:
         """Monitoring time series per pool (or per instance), sampled every ``interval_s``
         (default: the scenario's ``simulation.monitor_interval_s``)."""
-        from simulator.metrics.monitoring import instance_timeseries, pool_timeseries
+        from simulator.metrics.monitoring import pools_of_instances
 
         if self.step_records.mode == "none":
             raise ValueError("monitoring needs the steps: this run had simulation.record_steps: "
                              "none (use all or stretches)")
         step = interval_s or self.scenario.simulation.monitor_interval_s
-        if per_instance:
-            return instance_timeseries(self.steps, step)
-        return pool_timeseries(self.steps, self.requests, step)
+        inst = self.step_records.instance_series(step)
+        return inst if per_instance else pools_of_instances(inst, self.requests)
 
     def save(self, out_dir: str | Path, *, frames: bool = True) -> Path:
         """Write summary JSON, the resolved scenario and (optionally) Parquet frames."""
@@ -97,7 +132,7 @@ class RunResult:
             self.transfers.to_parquet(out / "transfers.parquet", index=False)
             if len(self.events):
                 self.events.to_parquet(out / "events.parquet", index=False)
-            if self.step_records.mode != "none" and len(self.steps):
+            if self.step_records.mode != "none" and self.num_steps:
                 self.monitoring(per_instance=True).to_parquet(out / "monitoring.parquet",
                                                               index=False)
         return out
@@ -105,7 +140,7 @@ class RunResult:
     def _repr_html_(self) -> str:
         """Notebook view: a latency matrix (ms) and the other summary figures."""
         return _summary_html(self.scenario.name, self.scenario.seed, len(self.requests),
-                             len(self.steps), self.summary)
+                             self.num_steps, self.summary)
 
     def __repr__(self) -> str:
         s = self.summary

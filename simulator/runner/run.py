@@ -21,9 +21,9 @@ from simulator.engine.router import RouterState
 from simulator.engine.tenants import Admission, class_rngs
 from simulator.engine.workload import Workload
 from simulator.metrics.classes import class_summary
+from simulator.metrics.compact import CompactSteps
 from simulator.metrics.cost import cost_summary, powered_cost_summary
 from simulator.metrics.summary import (
-    SUMMARY_STEP_COLUMNS,
     add_latency_columns,
     local_prefill_share,
     summarize,
@@ -165,20 +165,23 @@ class Simulation:
         warnings = [stall_warning(daemons.stalled_at, stuck)] if stuck else []
         names = [s.name for s in plan.instances]
         pools = [s.pool for s in plan.instances]
-        requests = add_latency_columns(recorder.requests_frame(names))
+        frame = recorder.requests_frame(names)
         recorder.requests = []  # in the frame now; the objects may go
+        requests = add_latency_columns(frame)
+        del frame
         transfers = recorder.transfers_frame(names, cluster.link_names)
         step_records = StepRecords(recorder, names, pools, mode)
-        # The summary reads a few step columns; a compact run expands only those.
-        steps = (step_records.frame() if mode == "all" else
-                 recorder.steps_frame(names, pools, columns=SUMMARY_STEP_COLUMNS))
+        # The summary reads the steps as kept: a compact run's stretches are not expanded.
+        steps: pd.DataFrame | CompactSteps = (
+            step_records.frame() if mode == "all" else recorder.compact_steps(names, pools))
         slo = sc.slo
         measured, measured_steps = requests, steps
         if workload.measure_from_id:  # warm-ups stay in the frames, not in the summary
             requests["warmup"] = requests["request_id"] < workload.measure_from_id
             measured = requests[~requests["warmup"]]
             start = float(measured["arrival_s"].min()) if len(measured) else 0.0
-            measured_steps = steps[steps["start_s"] >= start]
+            measured_steps = (steps.since(start) if isinstance(steps, CompactSteps)
+                              else steps[steps["start_s"] >= start])
         summary = summarize(measured, measured_steps, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
                             e2e_s=slo.e2e_s, pool_devices=plan.pool_devices)
         if classes:
