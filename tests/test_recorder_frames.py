@@ -49,3 +49,37 @@ def test_requests_frame_equals_the_frame_built_from_lists(rows) -> None:
     got = rec.requests_frame(NAMES)
     pd.testing.assert_frame_equal(got, expected, check_exact=True)
     assert list(got.dtypes) == list(expected.dtypes)
+
+
+@settings(max_examples=80, deadline=None)
+@given(requests, st.lists(st.booleans(), min_size=30, max_size=30),
+       st.lists(st.integers(0, 29), max_size=3))
+def test_requests_kept_as_plain_values_once_ended_give_the_same_frame(rows, ended,
+                                                                      twice) -> None:
+    """Ended requests leave the log as typed values; in-flight ones stay objects; one
+    with a value of another type (an int ``swap_bytes``) stays an object; a request
+    recorded twice gives two rows. The frame is the one built from the objects."""
+    rec = Recorder()
+    made: list[Request] = []
+    for i, (rid, at, prompt, output, _state, reason, where, timed) in enumerate(rows):
+        req = Request(rid, at, prompt, output)
+        req.reason = reason
+        req.decode_instance = where
+        req.swap_bytes = 3 if timed and i % 3 == 0 else 0.5
+        rec.requests.append(req)
+        made.append(req)
+        if i in twice:
+            rec.requests.append(req)
+            made.append(req)
+    for i, req in enumerate(made):
+        if ended[i % 30] and not req.ended:
+            state = rows[min(i, len(rows) - 1)][4]
+            req.move_to(state if state is not State.QUEUED else State.REJECTED)
+            req.first_token_s = req.arrival_s + 1.0
+            rec.requests.ended(req)
+    assert len(rec.requests) == len(made)
+    assert list(rec.requests) == [r for r in made if not r.ended]
+    expected = from_lists(made)
+    got = rec.requests_frame(NAMES)
+    pd.testing.assert_frame_equal(got, expected, check_exact=True)
+    assert list(got.dtypes) == list(expected.dtypes)

@@ -18,8 +18,11 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
-from simulator.engine.request import Request
+from simulator.engine.request_log import REQUEST_COLUMN_NAMES, REQUEST_FIELDS, RequestLog
 from simulator.metrics.compact import ROW_COLUMNS, CompactSteps
+
+__all__ = ["BOUNDS", "RECORD_STEPS", "REQUEST_COLUMN_NAMES", "REQUEST_FIELDS", "Recorder",
+           "RequestLog"]
 
 Column: TypeAlias = "np.ndarray | Sequence[Any]"
 """Per-step values: a numpy array or a list."""
@@ -89,7 +92,8 @@ TRANSFER_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 class Recorder:
-    """Column arrays for steps and transfers; requests are kept as objects."""
+    """Column arrays for steps and transfers; requests in a :class:`RequestLog` (objects
+    while in flight, plain values once ended)."""
 
     def __init__(self, record_steps: str = "all") -> None:
         if record_steps not in RECORD_STEPS:
@@ -103,7 +107,7 @@ class Recorder:
             name: array(code) for name, code in STRETCH_STEP_COLUMNS}
         self.transfers: dict[str, array[Any]] = {
             name: array(code) for name, code in TRANSFER_COLUMNS}
-        self.requests: list[Request] = []
+        self.requests = RequestLog()
         self.events: list[tuple[float, str, str]] = []
 
     def step(self, instance: int, start_s: float, duration_s: float, busy_s: float,
@@ -349,44 +353,9 @@ class Recorder:
         return df
 
     def requests_frame(self, instance_names: list[str]) -> pd.DataFrame:
-        """One row per request, by id (stable: as recorded among equal ids).
-
-        Built column by column from the objects sorted once, each column's dtype inferred
-        from its values alone (as a frame built from lists infers it), and put together
-        without copying: a million-request run never holds every column as a Python list,
-        nor the frame twice.
-        """
-        reqs = sorted(self.requests, key=_request_id)  # list.sort is stable
-        columns: dict[str, Any] = {}
-        for field in REQUEST_FIELDS if reqs else ():
-            if field == "status":
-                values: list[Any] = [r.status.value for r in reqs]  # plain strings
-            else:
-                values = [getattr(r, field) for r in reqs]
-            columns[REQUEST_COLUMN_NAMES.get(field, field)] = pd.Series(values)
-            del values
-        if not reqs:  # no values to infer from: what a frame of empty lists holds
-            columns = {REQUEST_COLUMN_NAMES.get(f, f): [] for f in REQUEST_FIELDS}
-        df = pd.DataFrame(columns, copy=False)
-        del columns
-        names = np.asarray([*instance_names, ""], dtype=object)
-        df["prefill_instance_name"] = names[df["prefill_instance"].to_numpy()] if len(df) else []
-        df["decode_instance_name"] = names[df["decode_instance"].to_numpy()] if len(df) else []
-        return df
-
-
-REQUEST_FIELDS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
-                  "prefix_tokens", "cached_tokens", "prefill_saved_s", "prefill_start_s",
-                  "prefill_end_s", "first_token_s", "transfer_wait_s", "transfer_start_s",
-                  "transfer_end_s", "decode_admit_s", "decode_start_s", "second_token_s",
-                  "completion_s", "preemptions", "swaps", "swap_bytes", "restarts",
-                  "prefill_instance",
-                  "decode_instance", "status", "reason", "session", "turn",
-                  "dram_hit_tokens", "ssd_hit_tokens", "remote_hit_tokens", "kv_load_s",
-                  "decode_cached_tokens", "klass", "priority", "attempt", "root_id",
-                  "cancel_s")
-"""The :class:`Request` attributes of the requests frame, in its column order."""
-REQUEST_COLUMN_NAMES = {"id": "request_id", "generated": "generated_tokens", "klass": "class"}
+        """One row per request, by id (stable: as recorded among equal ids); see
+        :mod:`simulator.engine.request_log`."""
+        return self.requests.frame(instance_names)
 
 
 def _one_instance(cols: dict[str, np.ndarray], t: dict[str, np.ndarray],
@@ -403,10 +372,6 @@ def _one_instance(cols: dict[str, np.ndarray], t: dict[str, np.ndarray],
     # A stretch follows the instance's rows recorded before it.
     sub_t["row_at"] = np.searchsorted(rows, t["row_at"][mine], side="left")
     return ({k: v[rows] for k, v in cols.items()}, sub_t, {k: v[steps] for k, v in p.items()})
-
-
-def _request_id(req: Request) -> int:
-    return req.id
 
 
 def _values(values: Column) -> Sequence[Any]:

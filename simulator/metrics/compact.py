@@ -69,6 +69,8 @@ class CompactSteps:
     def row_positions(self) -> np.ndarray:
         """Where each ordinary row sits in the expanded frame."""
         n = len(self.rows)
+        if not len(self.steps):
+            return np.arange(n, dtype=np.int64)
         cum = np.concatenate(([0], np.cumsum(self.steps.astype(np.int64))))
         r = np.arange(n, dtype=np.int64)
         return r + cum[np.searchsorted(self.row_at, r, side="right")]
@@ -98,6 +100,9 @@ class CompactSteps:
         (one per stretch).
         """
         out = np.zeros(len(self) + extra, dtype=dtype or np.asarray(row_values).dtype)
+        if not len(self.steps):
+            out[:len(self.rows)] = row_values
+            return out
         out[self.row_positions()] = row_values
         for part, which, pos in self.stretch_chunks():
             out[pos] = (stretch_values[part] if stretch_values is not None
@@ -144,7 +149,10 @@ class CompactSteps:
             seqs[-1] = burst
         gaps = np.zeros(len(self) + extra)
         row_gaps, first_gaps, whole = self._unit_gaps()
-        gaps[self.row_positions()] = row_gaps
+        if len(self.steps):
+            gaps[self.row_positions()] = row_gaps
+        else:
+            gaps[:len(self.rows)] = row_gaps
         first = self._first_step()
         for part, which, pos in self.stretch_chunks():
             s = self.start_s[part]
@@ -168,60 +176,56 @@ class CompactSteps:
         instance. Per instance the decode-carrying rows and stretches ("units") are taken
         in frame order; inside a stretch the previous step is the one before it. An
         instance whose step ends are out of order (overlapping pipeline micro-batches) is
-        expanded alone and its gaps returned whole, from the steps sorted by end.
+        taken sorted by end, as ``itl_gaps`` does: its rows alone if it has no stretch,
+        else its steps expanded (and its gaps returned whole).
         """
         rows = self.rows
-        n_rows = len(rows)
-        row_gaps = np.zeros(n_rows)
+        row_gaps = np.zeros(len(rows))
         first_gaps = np.zeros(len(self.steps))
         whole: list[tuple[np.ndarray, np.ndarray]] = []
-        first = self._first_step()
-        last = first + self.steps.astype(np.int64) - 1
-        r_inst = rows["instance"].to_numpy().astype(np.int64)
         r_s = rows["start_s"].to_numpy(dtype=float)
-        r_e = r_s + rows["duration_s"].to_numpy(dtype=float)
-        r_dec = rows["decode_seqs"].to_numpy() > 0
-        k_dec = self.decode_seqs > 0
-        k_s = self.start_s[first]
-        k_e_first = k_s + self.duration_s[first]
-        k_e_last = self.start_s[last] + self.duration_s[last]
-        mono = self._stretch_monotone()
-        # Units: decode rows, then decode stretches; frame positions order them.
-        rid = np.flatnonzero(r_dec)
-        kid = np.flatnonzero(k_dec)
-        u_pos = np.concatenate((self.row_positions()[rid],
-                                self.row_at[kid].astype(np.int64) + first[kid]))
-        u_inst = np.concatenate((r_inst[rid], self.instance[kid].astype(np.int64)))
-        u_s = np.concatenate((r_s[rid], k_s[kid]))
-        u_e0 = np.concatenate((r_e[rid], k_e_first[kid]))
-        u_e1 = np.concatenate((r_e[rid], k_e_last[kid]))
-        u_mono = np.concatenate((np.ones(len(rid), dtype=bool), mono[kid]))
-        u_ref = np.concatenate((rid, kid))
-        u_is_row = np.arange(len(u_pos)) < len(rid)
-        order = np.lexsort((u_pos, u_inst))
-        bounds = np.flatnonzero(np.diff(u_inst[order])) + 1
+        r_d = rows["duration_s"].to_numpy(dtype=float)
+        rid = np.flatnonzero(rows["decode_seqs"].to_numpy() > 0)
+        kid = np.flatnonzero(self.decode_seqs > 0)
+        inst = np.concatenate((rows["instance"].to_numpy()[rid].astype(np.int64),
+                               self.instance[kid].astype(np.int64)))
+        order = np.argsort(inst, kind="stable")  # rows first, each in recorded order
+        bounds = np.flatnonzero(np.diff(inst[order])) + 1
+        del inst
+        first = self._first_step()
+        has_stretches = len(kid) > 0
+        if has_stretches:
+            row_pos = self.row_positions()
+            mono = self._stretch_monotone()
+        n_rid = len(rid)
         for group in np.split(order, bounds):
-            if not len(group):
+            g_rows = rid[group[group < n_rid]]
+            g_str = kid[group[group >= n_rid] - n_rid]
+            if not len(g_str):  # ordinary rows only: itl_gaps on them
+                s = r_s[g_rows]
+                e = s + r_d[g_rows]
+                if len(e) > 1 and (np.diff(e) < 0).any():
+                    by_end = np.argsort(e, kind="stable")
+                    g_rows, s, e = g_rows[by_end], s[by_end], e[by_end]
+                row_gaps[g_rows] = _gaps(s, e, e)
                 continue
-            e0, e1, s = u_e0[group], u_e1[group], u_s[group]
-            in_order = bool(u_mono[group].all()) and not (e0[1:] < e1[:-1]).any()
-            if in_order:
-                prev = np.empty_like(e0)
-                prev[0] = np.inf
-                prev[1:] = e1[:-1]
-                g = np.where(prev <= s, e0 - prev, e0 - s)
-                is_row = u_is_row[group]
-                row_gaps[u_ref[group[is_row]]] = g[is_row]
-                first_gaps[u_ref[group[~is_row]]] = g[~is_row]
-            elif u_is_row[group].all():
-                by_end = np.argsort(e0, kind="stable")
-                rows_g, s, e = group[by_end], s[by_end], e0[by_end]
-                prev = np.empty_like(e)
-                prev[0] = np.inf
-                prev[1:] = e[:-1]
-                row_gaps[u_ref[rows_g]] = np.where(prev <= s, e - prev, e - s)
+            last = first[g_str] + self.steps[g_str].astype(np.int64) - 1
+            pos = np.concatenate((row_pos[g_rows], self.row_at[g_str].astype(np.int64)
+                                  + first[g_str]))
+            by_pos = np.argsort(pos, kind="stable")
+            k_s = self.start_s[first[g_str]]
+            s = np.concatenate((r_s[g_rows], k_s))[by_pos]
+            e0 = np.concatenate((r_s[g_rows] + r_d[g_rows],
+                                 k_s + self.duration_s[first[g_str]]))[by_pos]
+            e1 = np.concatenate((r_s[g_rows] + r_d[g_rows],
+                                 self.start_s[last] + self.duration_s[last]))[by_pos]
+            if bool(mono[g_str].all()) and not (e0[1:] < e1[:-1]).any():
+                g = _gaps(s, e0, e1)
+                is_row = by_pos < len(g_rows)
+                row_gaps[g_rows[by_pos[is_row]]] = g[is_row]
+                first_gaps[g_str[by_pos[~is_row] - len(g_rows)]] = g[~is_row]
             else:
-                whole.append(self._expanded_instance_gaps(group, u_is_row, u_ref, u_pos))
+                whole.append(self._expanded_instance_gaps(g_rows, g_str, row_pos))
         return row_gaps, first_gaps, whole
 
     def _stretch_monotone(self) -> np.ndarray:
@@ -240,38 +244,36 @@ class CompactSteps:
             np.add.at(bad, w[drop & same], 1)
         return bad == 0
 
-    def _expanded_instance_gaps(self, group: np.ndarray, u_is_row: np.ndarray,
-                                u_ref: np.ndarray, u_pos: np.ndarray
-                                ) -> tuple[np.ndarray, np.ndarray]:
+    def _expanded_instance_gaps(self, g_rows: np.ndarray, g_str: np.ndarray,
+                                row_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One instance's decode steps expanded, sorted by end, gaps as in ``itl_gaps``."""
         first = self._first_step()
         rows = self.rows
-        starts, durs, pos = [], [], []
-        for u in group:
-            ref = u_ref[u]
-            if u_is_row[u]:
-                starts.append(np.asarray([rows["start_s"].iat[ref]], dtype=float))
-                durs.append(np.asarray([rows["duration_s"].iat[ref]], dtype=float))
-                pos.append(np.asarray([u_pos[u]], dtype=np.int64))
-            else:
-                a, n = first[ref], int(self.steps[ref])
-                starts.append(self.start_s[a:a + n])
-                durs.append(self.duration_s[a:a + n])
-                pos.append(u_pos[u] + np.arange(n, dtype=np.int64))
-        s, p = np.concatenate(starts), np.concatenate(pos)
-        e = s + np.concatenate(durs)
+        pos = [row_pos[g_rows]]
+        starts = [rows["start_s"].to_numpy(dtype=float)[g_rows]]
+        durs = [rows["duration_s"].to_numpy(dtype=float)[g_rows]]
+        for k in g_str:
+            a, n = int(first[k]), int(self.steps[k])
+            starts.append(self.start_s[a:a + n])
+            durs.append(self.duration_s[a:a + n])
+            pos.append(int(self.row_at[k]) + a + np.arange(n, dtype=np.int64))
+        p = np.concatenate(pos)
+        by_pos = np.argsort(p, kind="stable")  # frame order first, as itl_gaps sees it
+        s, p = np.concatenate(starts)[by_pos], p[by_pos]
+        e = s + np.concatenate(durs)[by_pos]
         by_end = np.argsort(e, kind="stable")
         s, e, p = s[by_end], e[by_end], p[by_end]
-        prev = np.empty_like(e)
-        prev[0] = np.inf
-        prev[1:] = e[:-1]
-        return p, np.where(prev <= s, e - prev, e - s)
+        return p, _gaps(s, e, e)
 
     def busy_by_pool(self) -> tuple[dict[str, float], dict[str, int]]:
         """Device seconds per device summed per pool (pandas' groupby sum over the frame's
         order, so the same compensated sum), and the instances that stepped in each."""
         pools = self.pools
         rows = self.rows
+        if not len(self.steps):  # the frame itself: its own groupby
+            by_pool = rows.groupby("pool", observed=True)
+            return ({str(p): float(v) for p, v in by_pool["busy_s"].sum().items()},
+                    {str(p): int(v) for p, v in by_pool["instance"].nunique().items()})
         codes = self.expanded(rows["pool"].cat.codes.to_numpy(), None,
                               self.pool_of_instance[self.instance.astype(np.int64)]
                               if len(self.instance) else self.instance,
@@ -292,6 +294,15 @@ class CompactSteps:
             seen.setdefault(pools[int(self.pool_of_instance[inst])], set()).add(int(inst))
         return ({str(p): float(v) for p, v in sums.items()},
                 {p: len(v) for p, v in seen.items()})
+
+
+def _gaps(start: np.ndarray, end_first: np.ndarray, end_last: np.ndarray) -> np.ndarray:
+    """Each unit's gap from the previous unit's last end (``itl_gaps``' rule)."""
+    prev = np.empty_like(end_last)
+    if len(prev):
+        prev[0] = np.inf
+        prev[1:] = end_last[:-1]
+    return np.where(prev <= start, end_first - prev, end_first - start)
 
 
 def _seq_dtype(burst: int) -> type:

@@ -112,7 +112,7 @@ class Simulation:
                 req.reason = (f"prompt+output {total} tokens exceed the model's maximum "
                               f"context ({context}); {VLLM_CONTEXT_RULE}")
                 recorder.requests.append(req)
-                workload.on_finished(req)
+                finished(req)
                 return
             cluster.submit(req)
 
@@ -122,7 +122,12 @@ class Simulation:
 
         workload = Workload(env, sc.workload, rngs, submit, plan.base_dir, cancel=give_up,
                             class_rngs={c.name: class_rngs(sc.seed, c.name, rngs) for c in classes})
-        cluster.on_finished = workload.on_finished
+
+        def finished(req: Request) -> None:
+            recorder.requests.ended(req)  # its values kept, the object may go
+            workload.on_finished(req)
+
+        cluster.on_finished = finished
 
         def stop() -> bool:
             return workload.done.triggered
@@ -166,7 +171,7 @@ class Simulation:
         names = [s.name for s in plan.instances]
         pools = [s.pool for s in plan.instances]
         frame = recorder.requests_frame(names)
-        recorder.requests = []  # in the frame now; the objects may go
+        recorder.requests.clear()  # in the frame now; the objects may go
         requests = add_latency_columns(frame)
         del frame
         transfers = recorder.transfers_frame(names, cluster.link_names)
