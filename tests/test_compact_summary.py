@@ -180,3 +180,23 @@ def test_a_compact_run_gives_monitoring_and_step_count_without_its_steps_frame(
     assert compact.num_steps == full.num_steps == len(full.steps)
     pd.testing.assert_frame_equal(full.steps, compact.steps, check_exact=True)
     assert compact.step_records._frame is not None
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(concurrency=st.integers(2, 12), warmup=st.integers(1, 12), cv=st.sampled_from([0.0, 0.5]),
+       out=st.integers(20, 300), seed=st.integers(0, 1000))
+def test_warm_ups_left_out_of_a_compact_summary_as_of_the_full_one(
+        concurrency: int, warmup: int, cv: float, out: int, seed: int) -> None:
+    from tests.conftest import make_scenario
+
+    sc = make_scenario(**{
+        "seed": seed,
+        "workload.arrival": {"kind": "closed_loop", "concurrency": concurrency,
+                             "turnaround_s": 0.01, "turnaround_cv": cv,
+                             "warmup_requests": warmup},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": out},
+        "workload.num_requests": 30,
+    })
+    runs = {m: run(sc.with_(**{"simulation.record_steps": m})) for m in ("all", "stretches")}
+    assert len(runs["stretches"].stretches)  # the cut goes through kept stretches
+    _same(runs["all"].summary, runs["stretches"].summary)
