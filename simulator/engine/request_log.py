@@ -45,6 +45,7 @@ FLOAT_FIELDS = tuple(f for f in REQUEST_FIELDS if f.endswith("_s") or f == "swap
 INT_FIELDS = tuple(f for f in REQUEST_FIELDS if f not in TEXT_FIELDS and f not in FLOAT_FIELDS)
 _NUMERIC = (*FLOAT_FIELDS, *INT_FIELDS)
 _NUMERIC_TYPES = (float,) * len(FLOAT_FIELDS) + (int,) * len(INT_FIELDS)
+_N_FLOAT = len(FLOAT_FIELDS)
 _numeric_values = attrgetter(*_NUMERIC)
 
 
@@ -59,7 +60,8 @@ class RequestLog:
         self._live: dict[int, tuple[Request, list[int]]] = {}  # id(obj) -> obj, positions
         self._kept: list[tuple[int, Request]] = []  # ended, with a value of another type
         self._order = array("q")  # position (order recorded) of each plain row
-        self._numbers = {f: array("d" if f in FLOAT_FIELDS else "q") for f in _NUMERIC}
+        # Plain rows, row after row: the float fields, and the int fields.
+        self._floats, self._ints = array("d"), array("q")
         self._text: dict[str, list[str]] = {f: [] for f in TEXT_FIELDS}
 
     def append(self, req: Request) -> None:
@@ -91,14 +93,15 @@ class RequestLog:
             self._kept.extend((pos, req) for pos in positions)
             return
         before = len(self._order)
+        floats, ints = values[:_N_FLOAT], values[_N_FLOAT:]
         try:
             for pos in positions:
-                for col, v in zip(self._numbers.values(), values, strict=True):
-                    col.append(v)
+                self._floats.extend(floats)
+                self._ints.extend(ints)
                 self._order.append(pos)
         except OverflowError:  # an int beyond 8 bytes: keep the object
-            for col in self._numbers.values():
-                del col[before:]
+            del self._floats[before * _N_FLOAT:]
+            del self._ints[before * len(INT_FIELDS):]
             del self._order[before:]
             self._kept.extend((pos, req) for pos in positions)
             return
@@ -113,7 +116,9 @@ class RequestLog:
         """One row per request, by id (stable: as recorded among equal ids)."""
         objects = self._kept + sorted(
             (pos, req) for req, positions in self._live.values() for pos in positions)
-        ids = np.concatenate((_array(self._numbers["id"]),
+        floats = _array(self._floats).reshape(-1, _N_FLOAT)
+        ints = _array(self._ints).reshape(-1, len(INT_FIELDS))
+        ids = np.concatenate((ints[:, INT_FIELDS.index("id")],
                               np.asarray([r.id for _, r in objects], dtype=np.int64)))
         pos = np.concatenate((_array(self._order),
                               np.asarray([p for p, _ in objects], dtype=np.int64)))
@@ -125,7 +130,8 @@ class RequestLog:
             if field in TEXT_FIELDS:
                 plain: list[Any] = self._text[field]
             else:
-                plain_values = _array(self._numbers[field])
+                plain_values = (floats[:, FLOAT_FIELDS.index(field)] if field in FLOAT_FIELDS
+                                else ints[:, INT_FIELDS.index(field)])
                 if not objects:  # every value of the field's own type: its dtype
                     columns[name] = pd.Series(plain_values[order])  # float64 or int64
                     continue
