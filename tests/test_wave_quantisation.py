@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.cost import BatchShape, InstanceCostModel
+from simulator.cost.parallel import Precisions
 from simulator.cost.roofline import (
     decode_tiles,
+    dispatch_tiles,
     gemm_tiles,
     quantisation,
     tile_m_for,
@@ -74,13 +76,14 @@ def test_decode_blocks_are_split_kv_partitions() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 20_000), st.integers(1, 4096), st.sampled_from([32, 512, 4096, 65536]),
        st.sampled_from([32, 1024, 8192]), st.sampled_from([64, 128, 256]),
-       st.sampled_from([64, 128, 256]), st.booleans())
+       st.sampled_from([64, 128, 256]), st.booleans(), st.sampled_from(["", "cutlass_sm90_fp8"]))
 def test_gemm_time_never_decreases_with_m(m: int, dm: int, n: int, k: int, tm: int, tn: int,
-                                          split: bool) -> None:
+                                          split: bool, dispatch: str) -> None:
     # GEMMs are fitted without the fill term (kernel_fit): their fixed weight bytes times
     # (units + half_units) / units would fall as rows are added.
     fit = TILED.model_copy(update={"tile_m": tm, "tile_n": tn, "split_k": split,
-                                   "half_units": 0.0, "tile_k0": 512})
+                                   "half_units": 0.0, "tile_k0": 512,
+                                   "tile_dispatch": dispatch})
     peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
 
     def seconds(rows: int) -> float:
@@ -137,6 +140,42 @@ def test_tiles_change_the_step_and_decode_series_agrees() -> None:
             tiled.step(BatchShape.decode(48, int(c))).seconds, rel=1e-9)
 
 
+def test_the_hopper_fp8_dispatch_picks_vllms_tile_per_batch_bucket() -> None:
+    # vLLM's sm90 FP8 scaled-MM configs: 64x64 up to 64 rows, 64x128 up to 128, then 128x128.
+    assert [dispatch_tiles(m, "cutlass_sm90_fp8") for m in (1, 64, 65, 128, 129, 5000)] == [
+        (64.0, 64.0), (64.0, 64.0), (64.0, 128.0), (64.0, 128.0), (128.0, 128.0),
+        (128.0, 128.0)]
+    arrays = dispatch_tiles(np.array([1.0, 65.0, 129.0]), "cutlass_sm90_fp8")
+    assert [a.tolist() for a in arrays] == [[64.0, 64.0, 128.0], [64.0, 128.0, 128.0]]
+    # 8192 x 8192 at 129 rows: two 128-row tiles x 64 columns of tiles, not a 256-row tile.
+    fit = TILED.model_copy(update={"tile_m": 256, "tile_n": 64, "tile_dispatch": "cutlass_sm90_fp8"})
+    assert gemm_tiles(1, 129, 8192, 8192, 256, 64, dispatch="cutlass_sm90_fp8")[0] == 2 * 64
+    assert quantisation(fit, (1.0, 129, 8192, 8192), SMS) == pytest.approx(
+        SMS / (129 / 128 * 64))
+
+
+def test_kernel_fit_picks_the_dispatch_that_made_the_data() -> None:
+    """Synthetic FP8 GEMM timings from the Hopper dispatch table: the fit, which also tries
+    every single tile size, keeps the dispatch on its training shapes."""
+    from simulator.validation.kernel_fit import Samples, evaluate, fit_family
+
+    true = TILED.model_copy(update={"half_units": 0.0, "tile_k0": 512,
+                                    "tile_dispatch": "cutlass_sm90_fp8"})
+    rng = np.random.default_rng(3)
+    m = np.exp2(rng.integers(0, 13, 900)) + rng.integers(0, 2, 900)
+    n = rng.choice([1024.0, 2560.0, 4096.0, 6144.0, 14336.0], 900)
+    k = rng.choice([1024.0, 4096.0, 8192.0], 900)
+    flops, nbytes = 2 * m * n * k, m * k + k * n + m * n * 2
+    q = quantisation(true, (np.ones_like(m), m, n, k), SMS)
+    seconds = true.seconds(H100.peak_flops("fp8"), H100.memory_bandwidth, flops, nbytes, m,
+                           m * k, q)
+    samples = Samples("gemm_fp8", "fp8", flops, nbytes, m, m * k, seconds, n == 2560.0,
+                      "synthetic", tiles=(np.ones_like(m), m, n, k))
+    _, fitted = fit_family(samples, H100)
+    assert (fitted.tile_dispatch, fitted.tile_k0) == ("cutlass_sm90_fp8", 512)
+    assert evaluate(samples, H100, fitted)["median_ape_after"] < 1.0
+
+
 def test_a_tiled_fit_needs_the_devices_sm_count() -> None:
     fits = OperatorFits(source="t", fits={"gemm": TILED})
     data = H100.model_dump() | {"sm_count": None, "operators": {"vllm": fits.model_dump()}}
@@ -169,21 +208,25 @@ def test_kernel_fit_picks_the_tiles_that_made_the_data() -> None:
 @given(st.sampled_from(["H100-SXM", "H200-SXM", "A100-SXM-80GB", "B200", "L40S"]),
        st.sampled_from(["vllm", "trtllm", "sglang"]),
        st.sampled_from(["Llama-3.1-8B", "Mixtral-8x7B"]), st.integers(0, 512),
-       st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300), st.integers(0, 4096))
+       st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300), st.integers(0, 4096),
+       st.sampled_from(["bf16", "fp8"]))
 def test_the_shipped_fits_never_price_a_larger_batch_faster(
         device: str, engine: str, model: str, new: int, ctx: int, d_ctx: int, more_new: int,
-        more_ctx: int) -> None:
-    cm = InstanceCostModel(get_model(model), load_device(device), engine=engine, fitted=True)
+        more_ctx: int, precision: str) -> None:
+    # FP8 weights and activations price the gemm_fp8 and moe_fp8 fits (where the device has
+    # them), BF16 the gemm and moe fits.
+    cm = InstanceCostModel(get_model(model), load_device(device), engine=engine, fitted=True,
+                           precisions=Precisions(weights=precision, activations=precision))
     _assert_never_faster_when_grown(cm, new, ctx, d_ctx, more_new, more_ctx)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.floats(0.5, 1e5), st.floats(1.0, 7e4), st.floats(16.0, 3e4), st.booleans(),
-       st.sampled_from([0, 256, 1024]))
+       st.sampled_from([0, 256, 1024]), st.sampled_from(["", "cutlass_sm90_fp8"]))
 def test_scalar_and_array_tile_counts_agree(m: float, n: float, k: float, split: bool,
-                                           k0: int) -> None:
+                                           k0: int, dispatch: str) -> None:
     """One step is priced on floats (math), a decode series and the fit on arrays (numpy)."""
-    fit = TILED.model_copy(update={"split_k": split, "tile_k0": k0})
+    fit = TILED.model_copy(update={"split_k": split, "tile_k0": k0, "tile_dispatch": dispatch})
     scalar = quantisation(fit, (3.0, m, n, k), SMS)
     array = quantisation(fit, (np.array([3.0]), np.array([m]), np.array([n]), np.array([k])), SMS)
     assert isinstance(scalar, float)

@@ -157,12 +157,42 @@ def tile_m_for(m: Any, tile_m: int) -> Any:
     return _min(_max(pow2, min(MIN_TILE_M, tile_m)), tile_m)
 
 
+TILE_DISPATCH: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "cutlass_sm90_fp8": ((64, 64, 64), (128, 64, 128), (0, 128, 128)),
+}
+"""Tile shapes a kernel library picks by batch size, ``(m_max, tile_m, tile_n)`` per bucket
+of ``max(64, next_pow_2(m))`` (``m_max`` 0: no bound). ``cutlass_sm90_fp8``: vLLM's CUTLASS
+FP8 scaled-MM dispatch for Hopper (vllm-project/vllm
+csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm90_fp8_dispatch.cuh: ``sm90_fp8_config_M64``
+64x64 tiles for m <= 64, ``M128`` 64x128 for m <= 128, the default 128x128 above); SGLang's
+sgl-kernel ``fp8_scaled_mm`` derives from it. A fit names it in ``OperatorFit.tile_dispatch``
+instead of one ``tile_m x tile_n``."""
+
+
+def dispatch_tiles(m: Any, dispatch: str) -> tuple[Any, Any]:
+    """``(tile_m, tile_n)`` the dispatch ``dispatch`` (:data:`TILE_DISPATCH`) picks for ``m``
+    rows. The tile never shrinks as ``m`` grows."""
+    mp2 = _max(_pow2_ceil(_max(m, 1.0)), 64.0)
+    buckets = TILE_DISPATCH[dispatch]
+    tm, tn = float(buckets[-1][1]), float(buckets[-1][2])
+    if _arr(mp2):
+        tm_a, tn_a = np.full_like(mp2, tm), np.full_like(mp2, tn)
+        for m_max, b_m, b_n in reversed(buckets[:-1]):
+            tm_a = np.where(mp2 <= m_max, float(b_m), tm_a)
+            tn_a = np.where(mp2 <= m_max, float(b_n), tn_a)
+        return tm_a, tn_a
+    for m_max, b_m, b_n in buckets[:-1]:
+        if mp2 <= m_max:
+            return float(b_m), float(b_n)
+    return tm, tn
+
+
 SPLIT_K_TILE = 64
 """Depth of one k-slice of a split-K GEMM: a split never holds less than this of ``k``."""
 
 
 def gemm_tiles(groups: Any, m: Any, n: Any, k: Any, tile_m: int, tile_n: int,
-               split_k: bool = False) -> tuple[Any, Any, Any]:
+               split_k: bool = False, dispatch: str = "") -> tuple[Any, Any, Any]:
     """(whole, exact, most split) thread blocks of ``groups`` GEMMs of ``m x n`` outputs over
     depth ``k``: ``groups * ceil(m / tm) * ceil(n / tn)``, the same without rounding up, and
     the most k-slices one tile may be split into (1 without ``split_k``).
@@ -176,10 +206,16 @@ def gemm_tiles(groups: Any, m: Any, n: Any, k: Any, tile_m: int, tile_n: int,
     tiles than SMs splits ``k`` over ``floor(SMs / tiles)`` blocks per tile (cuBLAS
     split-K, CUTLASS stream-K; at least ``SPLIT_K_TILE`` of k per split): counted here
     as more blocks of proportionally less work, see :func:`wave_factor`'s ``sms``.
+    ``dispatch`` names a tile table by batch size (:func:`dispatch_tiles`), which replaces
+    ``tile_m x tile_n``.
     """
-    tm = tile_m_for(m, tile_m) if tile_n else tile_m
+    tn: Any = tile_n
+    if dispatch and tile_n:
+        tm, tn = dispatch_tiles(m, dispatch)
+    else:
+        tm = tile_m_for(m, tile_m) if tile_n else tile_m
     m = _max(m, 1e-9)
-    cols = n / tile_n if tile_n else n
+    cols = n / tn if tile_n else n
     whole = groups * _ceil(m / tm) * (_ceil(cols) if tile_n else cols)
     exact = groups * (m / tm) * cols
     if split_k:
@@ -231,7 +267,8 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
         # the factor is waves * SMs / exact blocks (the same floats in fewer array passes).
         return _ceil(_max(whole, 1.0) / sms) * sms / _max(exact, 1e-9)
     groups, m, n, k = shape
-    whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k)
+    whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k,
+                                         fit.tile_dispatch)
     overhead = fit.tile_k0 / _max(k, 1.0) if fit.tile_k0 else 0.0
     return wave_factor(whole, exact, sms, max_split, overhead)
 

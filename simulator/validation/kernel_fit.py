@@ -37,7 +37,12 @@ import numpy as np
 from simulator.cost.roofline import decode_units, op_time, prefill_tiles, quantisation
 from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
 from simulator.hardware.registry import device_names, load_device
-from simulator.runner.kernel_tables import _pick_version, package_version, tables_root
+from simulator.runner.kernel_tables import (
+    _pick_version,
+    _version_key,
+    package_version,
+    tables_root,
+)
 from simulator.validation.calibrate import levenberg_marquardt
 from simulator.validation.kernel_fit_comm import _ape, allreduce_curves
 from simulator.validation.kernel_fit_profile import write_profile
@@ -66,6 +71,9 @@ TILE_CHOICES: dict[str, tuple[tuple[int, int, bool], ...]] = {
 training shapes only. GEMM-like families (BF16/FP8/FP4 GEMM, MoE) tile ``m`` and ``n``, with
 or without split-K; prefill attention tiles the query rows of each (sequence, head); decode
 attention's tile is its split-KV partition in context tokens."""
+DISPATCH_CHOICES: dict[str, tuple[str, ...]] = {"gemm_fp8": ("cutlass_sm90_fp8",)}
+"""Tile dispatch tables (:data:`simulator.cost.roofline.TILE_DISPATCH`) a family may choose
+instead of one tile size, with or without split-K, on its training shapes only."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -95,7 +103,7 @@ def _exp(v: float) -> float:
 
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
-            pack_gqa: bool = False) -> OperatorFit:
+            pack_gqa: bool = False, dispatch: str = "") -> OperatorFit:
     # x[7], where present, is the head-dimension exponent (attention families only).
     return OperatorFit(compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
@@ -103,7 +111,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
                        split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
                        head_dim_exp=float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0,
-                       pack_gqa=pack_gqa and bool(tile_m))
+                       pack_gqa=pack_gqa and bool(tile_m),
+                       tile_dispatch=dispatch if tile_n else "")
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -140,11 +149,13 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        half_units=sig4(f.half_units), floor_us=round(f.floor_us, 3),
                        per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
                        tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
-                       head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa)
+                       head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
+                       tile_dispatch=f.tile_dispatch)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
-        split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False) -> OperatorFit:
+        split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
+        dispatch: str = "") -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing."""
@@ -154,13 +165,13 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f, b, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.rows))
     u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k, True, tile_k0,
-                                  pack_gqa), device, idx)
+                                  pack_gqa, dispatch), device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.decode  # see the note above _to_fit
     hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
     def residual(x: np.ndarray) -> np.ndarray:
-        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa)
+        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch)
         s = model.work_scale(hd) if hd is not None else 1.0
         return np.log(model.seconds(peak, bw, f * s, b * s, u, r, q)) - log_t
 
@@ -186,7 +197,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
-                            tile_k0, pack_gqa))
+                            tile_k0, pack_gqa, dispatch))
 
 
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
@@ -221,6 +232,8 @@ def tile_label(fitted: OperatorFit) -> str:
     if not fitted.tile_m:
         return "-"
     size = f"{fitted.tile_m}x{fitted.tile_n}" if fitted.tile_n else f"{fitted.tile_m}"
+    if fitted.tile_dispatch:
+        size = fitted.tile_dispatch
     return (size + ("+split-K" if fitted.split_k else "") + ("+packGQA" if fitted.pack_gqa else "")
             + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
 
@@ -254,13 +267,23 @@ def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, Operato
             for pack in packs if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack))
     assert best is not None
-    # GEMM-like families: the per-tile fixed work, given the chosen tiles.
-    chosen: OperatorFit = best[2]
-    if chosen.tile_n:
-        for k0 in K0_CHOICES[1:]:
-            consider(best[1], chosen.row_unit, fit(best[1], device, chosen.tile_m, chosen.tile_n,
-                                                   chosen.split_k, k0, chosen.pack_gqa))
-    assert best is not None
+    # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
+    # table competes with the chosen tile size after both have their fixed work.
+    candidates = [best[2]]
+    if device.sm_count and family.tiles is not None:
+        for dispatch in DISPATCH_CHOICES.get(family.op, ()):
+            table = [fit(family, device, 128, 128, split_k, 0, dispatch=dispatch)
+                     for split_k in (False, True)]  # tile_m/n only switch tiling on
+            candidates.append(min(table, key=lambda f: training_ape(family, device, f)))
+    for chosen in candidates:
+        if chosen is not best[2]:
+            consider(family, chosen.row_unit, chosen)
+        if chosen.tile_n:
+            for k0 in K0_CHOICES[1:]:
+                samples = family if chosen.tile_dispatch else best[1]
+                consider(samples, chosen.row_unit, fit(
+                    samples, device, chosen.tile_m, chosen.tile_n, chosen.split_k, k0,
+                    chosen.pack_gqa, chosen.tile_dispatch))
     return best[1], best[2]
 
 
@@ -292,6 +315,22 @@ def both_kv_row(scored: dict[str, Samples], fits: dict[str, OperatorFit], base: 
             "tiles": "both KV fits"}
 
 
+def _moe_version(folder: Path, version: str | None) -> tuple[Path | None, list[Samples]]:
+    """The MoE samples of ``version``, else of the newest version holding gated-expert rows
+    (TensorRT-LLM 1.3.0rc23's H100/H200 tables time only non-gated Nemotron layouts, so its
+    gated layouts come from rc20)."""
+    if not folder.is_dir():
+        return None, []
+    if version is not None and (folder / version / "moe_perf.parquet").is_file():
+        return folder / version, moe_samples(folder / version)
+    versions = sorted((p for p in folder.iterdir() if (p / "moe_perf.parquet").is_file()),
+                      key=lambda p: _version_key(p.name), reverse=True)
+    for path in versions:
+        if found := moe_samples(path):
+            return path, found
+    return None, []
+
+
 def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | None
                ) -> tuple[dict[str, OperatorFit], list[CollectiveCurve], list[dict[str, Any]], str]:
     assert device.kernel_tables is not None
@@ -299,13 +338,16 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     samples: list[Samples] = []
     used = []
     for op, needs, reader in (("gemm", "gemm_perf.parquet", gemm_samples),
-                              ("attention", "context_attention_perf.parquet", attention_samples),
-                              ("moe", "moe_perf.parquet", moe_samples)):
+                              ("attention", "context_attention_perf.parquet", attention_samples)):
         folder = _pick_version(base / op / engine, version, needs)
         if folder is None:
             continue
         used.append(f"{op}/{engine}/{folder.name}")
         samples += reader(folder)
+    folder, moe = _moe_version(base / "moe" / engine, version)
+    if folder is not None:
+        used.append(f"moe/{engine}/{folder.name}")
+        samples += moe
     fits: dict[str, OperatorFit] = {}
     rows: list[dict[str, Any]] = []
     curves: list[CollectiveCurve] = []

@@ -28,7 +28,8 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             dumped = f.model_dump()
             if dumped["row_unit"] == "query_head":  # the default: keep the lines short
                 del dumped["row_unit"]
-            for off in ("tile_m", "tile_n", "split_k", "tile_k0", "pack_gqa", "head_dim_exp"):
+            for off in ("tile_m", "tile_n", "split_k", "tile_k0", "pack_gqa", "head_dim_exp",
+                        "tile_dispatch"):
                 if not dumped[off]:
                     del dumped[off]
             fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"

@@ -139,11 +139,40 @@ def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
                    tiles, cut(s.head_dim))
 
 
+NON_GATED_LAYOUTS = ((22, 512, None, None), (6, 128, 2688, 1856))
+"""``(topk, experts, hidden, inter)`` (``None``: any) of the non-gated MoE layouts in the
+tables: NVIDIA Nemotron-3 Nano / Super / Ultra (relu^2 experts, up and down projections only)
+and their latent-dimension variants, as AIConfigurator's collector lists them
+(ai-dynamo/aiconfigurator collector/cases/models/NemotronHForCausalLM_cases.yaml; its
+collector/sglang/collect_moe.py runs them with the relu^2 activation,
+``_NON_GATED_MOE_MODEL_PATTERNS``)."""
+
+
+def gated_moe(mo: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a ``moe_perf`` table that time gated (SwiGLU, three-matrix) experts.
+
+    The MoE families are fitted on these only: the step model prices gated experts (the
+    catalog's MoE models: Mixtral, DeepSeek, Qwen3 MoE, ...), and the engines run non-gated
+    ones with other kernels (SGLang 0.5.x on Hopper: FlashInfer's CUTLASS MoE,
+    ``sglang_flashinfer_cutlass_moe``, measured 2-2.5x slower than the Triton kernel's
+    curve; TensorRT-LLM: ``moe_torch_flow_nongated``). Priced as two-matrix experts on the
+    gated curve they were no better (H100 SGLang held-out 24.6 -> 27.7 %).
+    """
+    non_gated = mo["kernel_source"].astype(str).str.contains("nongated")
+    for topk, experts, hidden, inter in NON_GATED_LAYOUTS:
+        hit = (mo["topk"] == topk) & (mo["num_experts"] == experts)
+        if hidden is not None:
+            hit &= (mo["hidden_size"] == hidden) & (mo["inter_size"] == inter)
+        non_gated |= hit
+    return mo[~non_gated]
+
+
 def moe_samples(folder: Path) -> list[Samples]:
+    """Gated MoE layers (:func:`gated_moe`) under balanced routing, BF16 and FP8."""
     path = folder / "moe_perf.parquet"
     if not path.is_file():
         return []
-    mo = pd.read_parquet(path)
+    mo = gated_moe(pd.read_parquet(path))
     mo = mo[(mo["distribution"] == "balanced") & mo["moe_dtype"].isin(["bfloat16", "fp8"])]
     shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
              "moe_ep_size", "moe_dtype"]
