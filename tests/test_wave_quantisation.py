@@ -76,7 +76,8 @@ def test_decode_blocks_are_split_kv_partitions() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 20_000), st.integers(1, 4096), st.sampled_from([32, 512, 4096, 65536]),
        st.sampled_from([32, 1024, 8192]), st.sampled_from([64, 128, 256]),
-       st.sampled_from([64, 128, 256]), st.booleans(), st.sampled_from(["", "cutlass_sm90_fp8"]))
+       st.sampled_from([64, 128, 256]), st.booleans(),
+       st.sampled_from(["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8"]))
 def test_gemm_time_never_decreases_with_m(m: int, dm: int, n: int, k: int, tm: int, tn: int,
                                           split: bool, dispatch: str) -> None:
     # GEMMs are fitted without the fill term (kernel_fit): their fixed weight bytes times
@@ -140,13 +141,16 @@ def test_tiles_change_the_step_and_decode_series_agrees() -> None:
             tiled.step(BatchShape.decode(48, int(c))).seconds, rel=1e-9)
 
 
-def test_the_hopper_fp8_dispatch_picks_vllms_tile_per_batch_bucket() -> None:
+def test_the_hopper_fp8_dispatches_pick_the_engines_tile_per_batch_bucket() -> None:
     # vLLM's sm90 FP8 scaled-MM configs: 64x64 up to 64 rows, 64x128 up to 128, then 128x128.
     assert [dispatch_tiles(m, "cutlass_sm90_fp8") for m in (1, 64, 65, 128, 129, 5000)] == [
         (64.0, 64.0), (64.0, 64.0), (64.0, 128.0), (64.0, 128.0), (128.0, 128.0),
         (128.0, 128.0)]
     arrays = dispatch_tiles(np.array([1.0, 65.0, 129.0]), "cutlass_sm90_fp8")
     assert [a.tolist() for a in arrays] == [[64.0, 64.0, 128.0], [64.0, 128.0, 128.0]]
+    # SGLang's sgl-kernel: 64x64 up to 256 rows, 128x128 above.
+    assert [dispatch_tiles(m, "sgl_kernel_sm90_fp8") for m in (1, 256, 257)] == [
+        (64.0, 64.0), (64.0, 64.0), (128.0, 128.0)]
     # 8192 x 8192 at 129 rows: two 128-row tiles x 64 columns of tiles, not a 256-row tile.
     fit = TILED.model_copy(update={"tile_m": 256, "tile_n": 64, "tile_dispatch": "cutlass_sm90_fp8"})
     assert gemm_tiles(1, 129, 8192, 8192, 256, 64, dispatch="cutlass_sm90_fp8")[0] == 2 * 64
@@ -171,7 +175,7 @@ def test_kernel_fit_picks_the_dispatch_that_made_the_data() -> None:
                            m * k, q)
     samples = Samples("gemm_fp8", "fp8", flops, nbytes, m, m * k, seconds, n == 2560.0,
                       "synthetic", tiles=(np.ones_like(m), m, n, k))
-    _, fitted = fit_family(samples, H100)
+    _, fitted = fit_family(samples, H100, ("cutlass_sm90_fp8", "sgl_kernel_sm90_fp8"))
     assert (fitted.tile_dispatch, fitted.tile_k0) == ("cutlass_sm90_fp8", 512)
     assert evaluate(samples, H100, fitted)["median_ape_after"] < 1.0
 
@@ -222,7 +226,8 @@ def test_the_shipped_fits_never_price_a_larger_batch_faster(
 
 @settings(max_examples=200, deadline=None)
 @given(st.floats(0.5, 1e5), st.floats(1.0, 7e4), st.floats(16.0, 3e4), st.booleans(),
-       st.sampled_from([0, 256, 1024]), st.sampled_from(["", "cutlass_sm90_fp8"]))
+       st.sampled_from([0, 256, 1024]),
+       st.sampled_from(["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8"]))
 def test_scalar_and_array_tile_counts_agree(m: float, n: float, k: float, split: bool,
                                            k0: int, dispatch: str) -> None:
     """One step is priced on floats (math), a decode series and the fit on arrays (numpy)."""

@@ -159,14 +159,17 @@ def tile_m_for(m: Any, tile_m: int) -> Any:
 
 TILE_DISPATCH: dict[str, tuple[tuple[int, int, int], ...]] = {
     "cutlass_sm90_fp8": ((64, 64, 64), (128, 64, 128), (0, 128, 128)),
+    "sgl_kernel_sm90_fp8": ((256, 64, 64), (0, 128, 128)),
 }
 """Tile shapes a kernel library picks by batch size, ``(m_max, tile_m, tile_n)`` per bucket
 of ``max(64, next_pow_2(m))`` (``m_max`` 0: no bound). ``cutlass_sm90_fp8``: vLLM's CUTLASS
 FP8 scaled-MM dispatch for Hopper (vllm-project/vllm
 csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm90_fp8_dispatch.cuh: ``sm90_fp8_config_M64``
-64x64 tiles for m <= 64, ``M128`` 64x128 for m <= 128, the default 128x128 above); SGLang's
-sgl-kernel ``fp8_scaled_mm`` derives from it. A fit names it in ``OperatorFit.tile_dispatch``
-instead of one ``tile_m x tile_n``."""
+64x64 tiles for m <= 64, ``M128`` 64x128 for m <= 128, the default 128x128 above).
+``sgl_kernel_sm90_fp8``: SGLang's ``fp8_scaled_mm`` for Hopper (sgl-project/sglang
+sgl-kernel/csrc/gemm/fp8_gemm_kernel.cu ``sm90_fp8_dispatch_shape``: 64x64 tiles up to
+256 rows, 128x128 above). A fit names one in ``OperatorFit.tile_dispatch`` instead of one
+``tile_m x tile_n``."""
 
 
 def dispatch_tiles(m: Any, dispatch: str) -> tuple[Any, Any]:

@@ -136,10 +136,10 @@ class OperatorFit(_Frozen):
     tile_k0: int = Field(0, ge=0, description=(
         "GEMM and grouped MoE: fixed work of each tile (or k-slice) in units of k, its "
         "mainloop pipeline fill and epilogue: a tile of depth k costs as k + tile_k0."))
-    tile_dispatch: Literal["", "cutlass_sm90_fp8"] = Field("", description=(
+    tile_dispatch: Literal["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8"] = Field("", description=(
         "GEMM: the tile shape follows the kernel library's dispatch by batch size "
-        "(simulator.cost.roofline.TILE_DISPATCH, e.g. vLLM's CUTLASS FP8 scaled-MM configs "
-        "for Hopper) instead of one `tile_m` x `tile_n` (which then only switch tiling on)."))
+        "(simulator.cost.roofline.TILE_DISPATCH: vLLM's and SGLang's CUTLASS FP8 scaled-MM "
+        "configs for Hopper) instead of one `tile_m` x `tile_n` (which then only switch tiling on)."))
     pack_gqa: bool = Field(False, description=(
         "Prefill attention: the query heads sharing a KV head are packed into one block's "
         "rows (FlashAttention-3 PackGQA; simulator.cost.roofline.prefill_tiles)."))

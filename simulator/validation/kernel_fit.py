@@ -71,9 +71,12 @@ TILE_CHOICES: dict[str, tuple[tuple[int, int, bool], ...]] = {
 training shapes only. GEMM-like families (BF16/FP8/FP4 GEMM, MoE) tile ``m`` and ``n``, with
 or without split-K; prefill attention tiles the query rows of each (sequence, head); decode
 attention's tile is its split-KV partition in context tokens."""
-DISPATCH_CHOICES: dict[str, tuple[str, ...]] = {"gemm_fp8": ("cutlass_sm90_fp8",)}
-"""Tile dispatch tables (:data:`simulator.cost.roofline.TILE_DISPATCH`) a family may choose
-instead of one tile size, with or without split-K, on its training shapes only."""
+DISPATCH_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("vllm", "gemm_fp8"): ("cutlass_sm90_fp8",), ("sglang", "gemm_fp8"): ("sgl_kernel_sm90_fp8",)}
+"""Tile dispatch tables (:data:`simulator.cost.roofline.TILE_DISPATCH`) an engine's family may
+choose instead of one tile size, with or without split-K, on its training shapes only: the
+engine's own Hopper kernel dispatch, offered on Hopper tables (:data:`HOPPER_TABLES`) only."""
+HOPPER_TABLES = ("h100_sxm", "h200_sxm")
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -238,13 +241,15 @@ def tile_label(fitted: OperatorFit) -> str:
             + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
 
 
-def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, OperatorFit]:
+def fit_family(family: Samples, device: DeviceProfile,
+               dispatches: tuple[str, ...] = ()) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
     ``sm_count``) is fitted, and decode attention is fitted with its per-row work counted
     per query head and per KV head; the fit with the lowest error on the training shapes is
-    kept (held-out shapes never choose).
+    kept (held-out shapes never choose). ``dispatches`` are the tile dispatch tables it may
+    also choose (:data:`DISPATCH_CHOICES`).
     """
     variants = [(family, "query_head")]
     if family.kv_rows is not None:
@@ -271,7 +276,7 @@ def fit_family(family: Samples, device: DeviceProfile) -> tuple[Samples, Operato
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]
     if device.sm_count and family.tiles is not None:
-        for dispatch in DISPATCH_CHOICES.get(family.op, ()):
+        for dispatch in dispatches:
             table = [fit(family, device, 128, 128, split_k, 0, dispatch=dispatch)
                      for split_k in (False, True)]  # tile_m/n only switch tiling on
             candidates.append(min(table, key=lambda f: training_ape(family, device, f)))
@@ -359,7 +364,9 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     for family in samples:
         if (~family.held_out).sum() < 20 or family.held_out.sum() < 5:
             continue
-        s, fitted = fit_family(family, device)
+        dispatches = (DISPATCH_CHOICES.get((engine, family.op), ())
+                      if device.kernel_tables in HOPPER_TABLES else ())
+        s, fitted = fit_family(family, device, dispatches)
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         # Keep a fit only where it beats the device-wide constants on the shapes it was

@@ -154,8 +154,8 @@ def gated_moe(mo: pd.DataFrame) -> pd.DataFrame:
     The MoE families are fitted on these only: the step model prices gated experts (the
     catalog's MoE models: Mixtral, DeepSeek, Qwen3 MoE, ...), and the engines run non-gated
     ones with other kernels (SGLang 0.5.x on Hopper: FlashInfer's CUTLASS MoE,
-    ``sglang_flashinfer_cutlass_moe``, measured 2-2.5x slower than the Triton kernel's
-    curve; TensorRT-LLM: ``moe_torch_flow_nongated``). Priced as two-matrix experts on the
+    ``sglang_flashinfer_cutlass_moe``, a median 2.4x slower than the curve fitted mostly
+    on the Triton kernel; TensorRT-LLM: ``moe_torch_flow_nongated``). Priced as two-matrix experts on the
     gated curve they were no better (H100 SGLang held-out 24.6 -> 27.7 %).
     """
     non_gated = mo["kernel_source"].astype(str).str.contains("nongated")
