@@ -292,11 +292,14 @@ def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | N
     groups, m, n, k = shape
     tile_m, tile_n = fit.tile_m, fit.tile_n
     tm: float = tile_m
-    if tile_n:  # tile_m_for
+    tn: float = tile_n
+    if tile_n and fit.tile_dispatch:  # gemm_tiles with a dispatch table
+        tm, tn = dispatch_tiles(m, fit.tile_dispatch)
+    elif tile_n:  # tile_m_for
         pow2 = 2.0 ** math.ceil(math.log2(float(max(m, 1.0))))
         tm = float(min(float(max(pow2, min(MIN_TILE_M, tile_m))), tile_m))
     m = float(max(m, 1e-9))
-    cols = n / tile_n if tile_n else n
+    cols = n / tn if tile_n else n
     whole = groups * float(math.ceil(m / tm)) * (float(math.ceil(cols)) if tile_n else cols)
     exact = groups * (m / tm) * cols
     max_split = max(k / SPLIT_K_TILE, 1.0) if fit.split_k else 1.0
