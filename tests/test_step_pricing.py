@@ -126,7 +126,7 @@ class Reference(InstanceCostModel):
         shape = prefill_tiles(seqs, float(longest), heads, float(self.kv_heads_per_device),
                               m.head_dim, fit is not None and fit.pack_gqa)
         quant = self._quant("attention_prefill", shape)
-        if seqs > 1 and quant != 1.0:
+        if seqs > 1 and fit is not None and fit.tile_m:
             quant *= seqs * longest / tokens * max(1.0, tokens * (longest + 1) / 2 / pairs)
         batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
         if fit is None or seqs <= 1:

@@ -286,3 +286,15 @@ def test_a_short_prompt_next_to_a_longer_one_costs_more_than_the_longer_alone() 
     alone = cm.step(BatchShape.prefill(179)).seconds
     both = cm.step(BatchShape.build([(179, 0, True), (8, 0, True)])).seconds
     assert both >= alone
+
+
+def test_full_waves_keep_the_longest_chunk_grid_of_a_mixed_prefill() -> None:
+    # H100-SXM with SGLang's fits (GQA packed, 256-row tiles): prompts of 1, 704 and 1 token
+    # launch 3 x 8 KV heads x 11 query blocks = 264 blocks, two full waves on 132 SMs, so the
+    # tile/wave multiplier is exactly 1; the grid of the longest chunk was then dropped and the
+    # three prompts were priced at 16.52 ms, below the 16.82 ms of the first two alone.
+    cm = InstanceCostModel(get_model("Llama-3.1-8B"), load_device("H100-SXM"), engine="sglang",
+                           fitted=True)
+    two = cm.step(BatchShape.build([(1, 0, True), (704, 0, True)])).seconds
+    three = cm.step(BatchShape.build([(1, 0, True), (704, 0, True), (1, 0, True)])).seconds
+    assert three >= two

@@ -207,8 +207,9 @@ class OperatorPricing:
         shape = prefill_tiles(seqs, float(longest), heads, float(self._kvh),
                               m.head_dim, fit is not None and fit.pack_gqa)
         quant = self._quant("attention_prefill", shape)
-        if seqs > 1 and quant != 1.0:
-            # The tiles hold ``tokens`` rows, not ``seqs * longest``.
+        if seqs > 1 and fit is not None and fit.tile_m:
+            # The tiles hold ``tokens`` rows, not ``seqs * longest`` (also when the waves
+            # happen to be full and the tile/wave multiplier is exactly 1).
             quant *= seqs * longest / tokens * max(1.0, tokens * (longest + 1) / 2 / pairs)
         batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
         if fit is None or seqs <= 1:
