@@ -276,6 +276,28 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
     return wave_factor(whole, exact, sms, max_split, overhead)
 
 
+def decode_blocks(seqs: int, ctx: np.ndarray, kv_heads: int, tile_m: int,
+                  sms: int | None) -> tuple[np.ndarray, Any]:
+    """:func:`decode_units` and :func:`quantisation` (``decode``) of a decode series priced
+    with a fit whose split-KV partition ``tile_m`` is also its tile (``ctx`` a float array,
+    ``tile_m = 0``: multiplier 1): the same operations in the same order, bit for bit
+    (tests/test_step_pricing.py), each done once. The units are the exact block count, and
+    ``ctx / tile_m``, its quotient, is shared with the whole blocks. With ``seqs`` and
+    ``kv_heads`` at least 1 both counts are at least 1, so their floors at 1 and 1e-9 keep
+    every value and are left out."""
+    split = tile_m or DECODE_SPLIT_TOKENS
+    per_split = ctx / split
+    units = kv_heads * np.maximum(seqs, per_split)
+    if not tile_m:
+        return units, 1.0
+    if sms is None:
+        raise ValueError("a fit with tile_m needs the device's sm_count")
+    whole = kv_heads * np.maximum(seqs, np.ceil(per_split))
+    if seqs < 1 or kv_heads < 1:  # counts below 1 possible: the floors as in quantisation
+        return units, np.ceil(np.maximum(whole, 1.0) / sms) * sms / np.maximum(units, 1e-9)
+    return units, np.ceil(whole / sms) * sms / units
+
+
 def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | None,
                         decode: bool = False) -> float:
     """:func:`quantisation` of one operator's floats (a fit with ``tile_m`` and the device's

@@ -216,35 +216,35 @@ class InstanceCostModel(OperatorPricing):
         rows = max(seqs, padded or 0)  # a replayed graph runs its captured batch size
         ctx = np.asarray(ctx_sums, dtype=float)
         layers = self.model.num_layers
-        flops, nbytes, units, quant = self._decode_attention_op(rows, ctx)
-        dev = self.device
-        eff = dev.efficiency
         fit = self._fits.get("attention_decode")
-        launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
+        launch = self._launch * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
-            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
-            fixed = fit.fixed(rows * self._decode_row_heads(fit))
+            compute, memory = self._decode_series_parts(rows, ctx, fit)
+            fixed = fit.fixed(rows * self._decode_rows)
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
             memory = np.where(on_compute, memory, memory + fixed)
             launch = 0.0
-        elif eff.compute_curve is None and eff.memory_curve is None:
+        elif self._flat:
             # Constant efficiencies: both terms are affine in ctx, one division each.
-            compute = flops * (1.0 / (dev.peak_flops(self._cp) * eff.eta_compute(1.0, self._cp)))
-            memory = nbytes * (1.0 / (dev.memory_bandwidth * eff.memory))
+            flops, nbytes = self._decode_attention_work(rows, ctx)
+            compute = flops * (1.0 / (self._peak * self._eta_c))
+            memory = nbytes * (1.0 / (self._bw * self._eta_m))
         else:
-            peak = dev.peak_flops(self._cp)
+            flops, nbytes = self._decode_attention_work(rows, ctx)
+            eff, peak = self.device.efficiency, self._peak
             compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops, self._cp)), 0.0)
-            memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
+            memory = np.where(nbytes > 0, nbytes / (self._bw * eff.eta_memory(nbytes)), 0.0)
         is_compute = compute >= memory
         gpu = sum(base.stage_seconds) + np.maximum(compute, memory) * layers + launch
         seconds = host.step_seconds(gpu, host_s)
         comp = base.compute_s + np.where(is_compute, compute * layers, 0.0)
         mem = base.memory_s + np.where(is_compute, 0.0, memory * layers)
         over = seconds - gpu + (base.overhead_s - (base.seconds - sum(base.stage_seconds))) + launch
+        busiest = np.maximum(comp, mem)
         bound = np.where(mem >= comp, 1, 0)
-        bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
-        bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
+        bound = np.where(busiest < base.communication_s, 2, bound)
+        bound = np.where(np.maximum(busiest, base.communication_s) < over, 3, bound)
         return DecodeSeries(seconds, bound, comp, mem)
 
     def _step(self, batch: BatchShape, *, decode_attention: bool,
