@@ -24,11 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.cost import BatchShape, InstanceCostModel, LinkSet, Parallelism, Precisions, operators
-from simulator.cost.accounting import _Acc
+from simulator.cost.accounting import DecodeSeries, _Acc
 from simulator.cost.collectives import allreduce_time
 from simulator.cost.host import host_model
 from simulator.cost.roofline import (
     DECODE_SPLIT_TOKENS,
+    decode_blocks,
     decode_tiles,
     decode_units,
     kv_reread_bytes,
@@ -37,6 +38,7 @@ from simulator.cost.roofline import (
     scalar_quantisation,
     wave_factor,
 )
+from simulator.engine.step_prices import BLOCK, WINDOW
 from simulator.hardware.engines import engine_names, load_engine
 from simulator.hardware.profiles import OperatorFit
 from simulator.hardware.registry import device_names, load_device, load_link
@@ -102,6 +104,51 @@ class Reference(InstanceCostModel):
         slower = alone > batch
         return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
                 np.where(slower, units1, units), np.where(slower, quant1, quant))
+
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
+        """A decode series priced through ``_decode_attention_op`` as one step is: the
+        chosen FLOPs, bytes, units and multiplier, then the fit's parts of them."""
+        if self.parallelism.dp > 1 or self.two_batch_overlap:
+            return super().decode_series(seqs, ctx_sums)
+        host = self.host
+        assert host is not None
+        base = self._step(BatchShape.decode(seqs, 0), decode_attention=False)
+        padded = host.graph_batch(seqs)
+        graphed = padded is not None
+        host_s = host.host_s(seqs, self.model.num_layers, graphed)
+        rows = max(seqs, padded or 0)
+        ctx = np.asarray(ctx_sums, dtype=float)
+        layers = self.model.num_layers
+        flops, nbytes, units, quant = self._decode_attention_op(rows, ctx)
+        dev = self.device
+        eff = dev.efficiency
+        fit = self._fits.get("attention_decode")
+        launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
+        if fit is not None:
+            compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
+            fixed = fit.fixed(rows * self._decode_row_heads(fit))
+            on_compute = compute >= memory
+            compute = np.where(on_compute, compute + fixed, compute)
+            memory = np.where(on_compute, memory, memory + fixed)
+            launch = 0.0
+        elif eff.compute_curve is None and eff.memory_curve is None:
+            compute = flops * (1.0 / (dev.peak_flops(self._cp) * eff.eta_compute(1.0, self._cp)))
+            memory = nbytes * (1.0 / (dev.memory_bandwidth * eff.memory))
+        else:
+            peak = dev.peak_flops(self._cp)
+            compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops, self._cp)), 0.0)
+            memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)),
+                              0.0)
+        is_compute = compute >= memory
+        gpu = sum(base.stage_seconds) + np.maximum(compute, memory) * layers + launch
+        seconds = host.step_seconds(gpu, host_s)
+        comp = base.compute_s + np.where(is_compute, compute * layers, 0.0)
+        mem = base.memory_s + np.where(is_compute, 0.0, memory * layers)
+        over = seconds - gpu + (base.overhead_s - (base.seconds - sum(base.stage_seconds))) + launch
+        bound = np.where(mem >= comp, 1, 0)
+        bound = np.where(np.maximum(comp, mem) < base.communication_s, 2, bound)
+        bound = np.where(np.maximum(np.maximum(comp, mem), base.communication_s) < over, 3, bound)
+        return DecodeSeries(seconds, bound, comp, mem)
 
     def _prefill_attention_op(self, b: BatchShape) -> tuple[float, float, float, float]:
         m, t = self.model, self.parallelism.tp
@@ -230,6 +277,58 @@ def test_first_time_prices_equal_the_formulas_they_replace(
     assert again == want[0]
     for a, b in zip(series, want_series, strict=True):
         assert np.array_equal(a, b)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("engine", engine_names())
+@pytest.mark.parametrize("device", device_names())
+@settings(max_examples=8, deadline=None)
+@given(fitted=st.booleans(), model=st.sampled_from(model_names()),
+       tp=st.sampled_from([1, 2, 4, 8]), precision=st.sampled_from(PRECISIONS),
+       max_seqs=st.sampled_from([None, 64]), seqs=st.integers(1, 600),
+       block=st.integers(0, 8000))
+def test_decode_windows_equal_the_step_formulas_bit_for_bit(
+        device: str, engine: str, fitted: bool, model: str, tp: int,
+        precision: tuple[str, str, str], max_seqs: int | None, seqs: int, block: int) -> None:
+    """A kept window (``WINDOW`` consecutive context sums from a block edge, as the engine
+    asks for them) on every shipped device and engine: the same bits as the series priced
+    through one step's attention formulas, for one sequence (no longest-sequence choice)
+    and for batches, padded to a captured graph size or not."""
+    args = (device, engine, fitted, model, tp, precision, None, 1.0, max_seqs)
+    new, ref = _cost(InstanceCostModel, *args), _cost(Reference, *args)
+    ctx = block * BLOCK + np.arange(WINDOW, dtype=np.int64)
+    ctx = np.maximum(ctx, seqs)  # a batch holds at least a token per sequence
+    got = new.decode_series(seqs, ctx)
+    with reference_formulas():
+        want = ref.decode_series(seqs, ctx)
+    for a, b in zip(got, want, strict=True):
+        assert _same_bits(a, b)
+
+
+@settings(max_examples=500, deadline=None)
+@given(seqs=st.integers(-1, 600), kv_heads=st.integers(0, 16),
+       tile_m=st.sampled_from([0, 64, 128, 256, 512]), sms=st.sampled_from([108, 132]),
+       ctx=st.lists(st.one_of(st.integers(0, 10**8), st.floats(0, 1e8)), min_size=1,
+                    max_size=16))
+def test_decode_blocks_equal_decode_units_and_tile_counts(seqs: int, kv_heads: int,
+                                                          tile_m: int, sms: int,
+                                                          ctx: list[float]) -> None:
+    """Units and multiplier of a decode series in one pass: the same bits as
+    ``decode_units`` and ``quantisation`` (decode blocks through ``wave_factor``), also where
+    a count may fall below 1 (no sequence or no KV head) and the floors apply."""
+    x = np.asarray(ctx, dtype=float)
+    units, quant = decode_blocks(seqs, x, kv_heads, tile_m, sms)
+    split = tile_m or DECODE_SPLIT_TOKENS
+    assert _same_bits(units, _array_decode_units(seqs, x, kv_heads, split))
+    if not tile_m:
+        assert quant == 1.0
+        return
+    fitted = OperatorFit(compute=0.7, half_flops=0, memory=0.8, half_bytes=0, floor_us=1,
+                         tile_m=tile_m)
+    assert _same_bits(quant, _generic_quantisation(fitted, (seqs, x, kv_heads), sms, True))
 
 
 fits = st.builds(
