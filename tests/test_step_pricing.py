@@ -106,8 +106,7 @@ class Reference(InstanceCostModel):
                 np.where(slower, units1, units), np.where(slower, quant1, quant))
 
     def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
-        """A decode series priced through ``_decode_attention_op`` as one step is: the
-        chosen FLOPs, bytes, units and multiplier, then the fit's parts of them."""
+        """Priced through ``_decode_attention_op``, then the fit's parts of its choice."""
         if self.parallelism.dp > 1 or self.two_batch_overlap:
             return super().decode_series(seqs, ctx_sums)
         host = self.host
@@ -137,8 +136,7 @@ class Reference(InstanceCostModel):
         else:
             peak = dev.peak_flops(self._cp)
             compute = np.where(flops > 0, flops / (peak * eff.eta_compute(flops, self._cp)), 0.0)
-            memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)),
-                              0.0)
+            memory = np.where(nbytes > 0, nbytes / (dev.memory_bandwidth * eff.eta_memory(nbytes)), 0.0)
         is_compute = compute >= memory
         gpu = sum(base.stage_seconds) + np.maximum(compute, memory) * layers + launch
         seconds = host.step_seconds(gpu, host_s)

@@ -21,7 +21,6 @@ from simulator.cost.dp_attention import extend_tokens
 from simulator.cost.moe_comm import DeepEPMode, EPGroup, deepep_kernel, moe_exchange_seconds
 from simulator.cost.parallel import Parallelism
 from simulator.cost.roofline import (
-    decode_blocks,
     decode_units,
     kv_reread_bytes,
     op_time,
@@ -161,28 +160,6 @@ class OperatorPricing:
         slower = np.maximum(*alone) > np.maximum(*batch)
         return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
                 np.where(slower, units1, units), np.where(slower, quant1, quant))
-
-    def _decode_series_parts(self, seqs: int, ctx: np.ndarray,
-                             fit: OperatorFit) -> tuple[np.ndarray, np.ndarray]:
-        """Compute and memory seconds (before the fixed part) of one layer's decode attention
-        over a series of context sums ``ctx`` (floats) under the fitted curve ``fit``:
-        :meth:`_decode_attention_op`'s choice between the batch and its longest sequence
-        alone, then ``fit.parts`` of the one chosen. ``parts`` is elementwise, so the parts
-        of the chosen inputs are the chosen parts: each is computed once and the slower
-        picked, and the block counts come from :func:`decode_blocks` (the same floats as
-        ``_decode_units``, bit for bit: tests/test_step_pricing.py)."""
-        kvh, tile_m, sms = self._kvh, fit.tile_m, self._sms
-        flops, nbytes = self._decode_attention_work(seqs, ctx)
-        units, quant = decode_blocks(seqs, ctx, kvh, tile_m, sms)
-        compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
-        if seqs <= 1:
-            return compute, memory
-        longest = np.maximum(ctx - (seqs - 1), 1.0)
-        flops1, nbytes1 = self._decode_attention_work(1, longest)
-        units1, quant1 = decode_blocks(1, longest, kvh, tile_m, sms)
-        compute1, memory1 = fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1)
-        slower = np.maximum(compute1, memory1) > np.maximum(compute, memory)
-        return np.where(slower, compute1, compute), np.where(slower, memory1, memory)
 
     @staticmethod
     def _longest_chunk(seqs: int, tokens: int, pairs: float) -> int:
