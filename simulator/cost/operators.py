@@ -133,7 +133,7 @@ class OperatorPricing:
         return (decode_units(seqs, ctx, kvh, self._decode_split),
                 self._quant("attention_decode", (seqs, ctx, kvh)))
 
-    def _decode_attention_op(self, seqs: int, ctx: Any) -> tuple[Any, Any, Any, Any]:
+    def _decode_attention_op(self, seqs: int, ctx: float) -> tuple[float, float, float, float]:
         """FLOPs, bytes, parallel units and FLOPs multiplier decode attention is priced with.
 
         The batch shape keeps only the context sum, so a batch is priced as ``seqs`` equal
@@ -147,19 +147,15 @@ class OperatorPricing:
         fit = self._fits.get("attention_decode")
         if fit is None or seqs <= 1:
             return flops, nbytes, units, quant
-        series = isinstance(ctx, np.ndarray)  # a decode series, else one step's floats
-        longest = (np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0) if series
-                   else max(float(ctx) - (seqs - 1), 1.0))
+        # One step's floats; a decode series makes the same choice per element in
+        # InstanceCostModel._decode_series_parts.
+        longest = max(float(ctx) - (seqs - 1), 1.0)
         flops1, nbytes1 = self._decode_attention_work(1, longest)
         units1, quant1 = self._decode_units(1, longest)
         batch = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
         alone = fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1)
-        if not series:
-            return ((flops1, nbytes1, units1, quant1) if max(alone) > max(batch)
-                    else (flops, nbytes, units, quant))
-        slower = np.maximum(*alone) > np.maximum(*batch)
-        return (np.where(slower, flops1, flops), np.where(slower, nbytes1, nbytes),
-                np.where(slower, units1, units), np.where(slower, quant1, quant))
+        return ((flops1, nbytes1, units1, quant1) if max(alone) > max(batch)
+                else (flops, nbytes, units, quant))
 
     @staticmethod
     def _longest_chunk(seqs: int, tokens: int, pairs: float) -> int:

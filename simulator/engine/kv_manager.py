@@ -81,10 +81,7 @@ class KVManager:
     def decode_needs(self, reqs: Sequence[Request], lookahead: int) -> list[int]:
         # growth_need of each, without a call per request (the decode pass of every step).
         bs = self.block_size
-        if self.cache is None:
-            return [-(-(r.prompt_tokens + r.generated + lookahead) // bs) - r.blocks
-                    for r in reqs]
-        per = self.cache.blocks_per_entry
+        per = self.cache.blocks_per_entry if self.cache is not None else 0
         return [-(-(r.prompt_tokens + r.generated + lookahead) // bs) - r.blocks
                 - r.cache_pins * per for r in reqs]
 
