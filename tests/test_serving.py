@@ -305,6 +305,23 @@ def test_turnaround_delays_the_next_request() -> None:
     assert second["arrival_s"] == pytest.approx(first["completion_s"] + 0.05)
 
 
+def test_a_request_waiting_out_its_turnaround_is_still_sent() -> None:
+    # Two clients, three requests, a turnaround far longer than a request: client 0's
+    # second request waits out its turnaround while client 1's first request ends with
+    # nothing left in flight. The run is not over then: the third request is still to
+    # be sent (it used to end the run and drop it).
+    result = run(make_scenario(**{
+        "seed": 1,
+        "workload.arrival": {"kind": "closed_loop", "concurrency": 2, "turnaround_s": 1.0},
+        "workload.input_tokens": {"kind": "fixed", "tokens": 64},
+        "workload.output_tokens": {"kind": "fixed", "tokens": 8},
+        "workload.num_requests": 3,
+    }))
+    reqs = result.requests.sort_values("request_id")
+    assert result.summary["completed"] == 3
+    assert reqs.iloc[2]["arrival_s"] == pytest.approx(reqs.iloc[0]["completion_s"] + 1.0)
+
+
 def test_warmup_requests_are_sent_first_and_left_out() -> None:
     result = run(_closed(cv=0.0, warmup=8))
     reqs = result.requests

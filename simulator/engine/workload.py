@@ -151,6 +151,7 @@ class Workload:
         self.class_rngs = class_rngs or {}
         self._sources_left = len(self.classes)
         self._retries_pending = 0
+        self._sends_pending = 0  # closed-loop requests whose slot is taken, still unsent
         self._first_attempts = 0
         if isinstance(spec.arrival, TraceArrival):
             path = Path(spec.arrival.path)
@@ -203,7 +204,7 @@ class Workload:
         if self._sessions is not None and self._sessions.open:
             return  # sessions still have turns to send
         if (self.exhausted and self.finished >= self.issued and not self._retries_pending
-                and not self.done.triggered):
+                and not self._sends_pending and not self.done.triggered):
             self.done.succeed()
 
     # ----- request classes -------------------------------------------------------------
@@ -386,10 +387,12 @@ class Workload:
 
     def _later(self, delay: float) -> None:
         if delay > 0:
+            self._sends_pending += 1  # the run is not over while it waits to be sent
             self.env.process(self._after(delay))
         else:
             self._issue_next()
 
     def _after(self, delay: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(delay)
+        self._sends_pending -= 1
         self._issue_next()
