@@ -322,6 +322,48 @@ def test_a_request_waiting_out_its_turnaround_is_still_sent() -> None:
     assert reqs.iloc[2]["arrival_s"] == pytest.approx(reqs.iloc[0]["completion_s"] + 1.0)
 
 
+def _ramped(ramp: float, warmup: int = 0) -> object:
+    return make_scenario(**{
+        "seed": 2,
+        "workload.arrival": {"kind": "closed_loop", "concurrency": 4, "ramp_s": ramp,
+                             "warmup_requests": warmup},
+        "workload.input_tokens": {"kind": "fixed", "tokens": 64},
+        "workload.output_tokens": {"kind": "fixed", "tokens": 4000},
+        "workload.num_requests": 8,
+    })
+
+
+def test_a_concurrency_ramp_starts_the_clients_one_by_one() -> None:
+    # aiperf --concurrency-ramp-duration 3 at concurrency 4: one client at t = 0 and one
+    # more every second, the fourth at 3 s (requests long enough that none ends before).
+    reqs = run(_ramped(3.0)).requests.sort_values("request_id")
+    assert reqs["arrival_s"].iloc[:4].tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    assert (reqs["arrival_s"].iloc[4:] > 3.0).all()
+    assert (run(_ramped(0.0)).requests["arrival_s"].iloc[:4] == 0.0).all()
+
+
+def test_the_measured_phase_ramps_again_after_the_warmups() -> None:
+    result = run(_ramped(3.0, warmup=4))
+    reqs = result.requests.sort_values("request_id")
+    warm, measured = reqs[reqs["warmup"]], reqs[~reqs["warmup"]]
+    start = warm["completion_s"].max()
+    assert (measured["arrival_s"].iloc[:4] - start).tolist() == pytest.approx([0, 1, 2, 3])
+    assert result.summary["completed"] == 8
+
+
+def test_the_csv_ramp_column_reaches_the_client(tmp_path: Path) -> None:
+    from simulator.validation.serving import row_scenario
+
+    rows = read_serving(_csv(tmp_path, [{**ROW, "concurrency": 4, "concurrency_ramp_s": 2.5,
+                                          "measured_ttft_ms": 10.0}]))
+    assert row_scenario(rows.to_dict("records")[0]).workload.arrival.ramp_s == 2.5
+    bare = read_serving(_csv(tmp_path, [{**ROW, "concurrency": 4, "measured_ttft_ms": 10.0}]))
+    assert row_scenario(bare.to_dict("records")[0]).workload.arrival.ramp_s == 0.0
+    with pytest.raises(ConfigError, match="concurrency_ramp_s"):
+        read_serving(_csv(tmp_path, [{**ROW, "concurrency": 4, "concurrency_ramp_s": "soon",
+                                      "measured_ttft_ms": 10.0}]))
+
+
 def test_warmup_requests_are_sent_first_and_left_out() -> None:
     result = run(_closed(cv=0.0, warmup=8))
     reqs = result.requests

@@ -310,7 +310,10 @@ class Workload:
     # ----- closed loop -----------------------------------------------------------------
     # Each of `concurrency` clients keeps one request in flight, as `vllm bench serve
     # --max-concurrency` (vllm/benchmarks/serve.py: a semaphore around every request)
-    # and aiperf's concurrency mode do. Between a reply and the next request the client
+    # and aiperf's concurrency mode do (aiperf/timing/request_rate_strategy.py: in
+    # CONCURRENCY_BURST mode the first `concurrency` credits go out at once, the next
+    # one whenever a credit comes back; a ramp, `ramp_s`, only with
+    # --concurrency-ramp-duration). Between a reply and the next request the client
     # and the API server take a turnaround drawn per request (gamma, mean turnaround_s,
     # CV turnaround_cv); with fixed lengths and no spread every client would finish in
     # the same engine step and prefill its next prompt with all the others, forever.
@@ -323,8 +326,7 @@ class Workload:
             self._warmup_left = a.warmup_requests  # warm-ups not yet ended
             first = min(a.concurrency, a.warmup_requests)
             self._warmup_unsent = a.warmup_requests - first
-            for _ in range(first):
-                self._issue_next()
+            self._open_clients(first)
         else:
             self._fill_clients()
 
@@ -334,9 +336,18 @@ class Workload:
         first = min(a.concurrency, self._closed_left)
         self._closed_left -= first
         self.exhausted = self._closed_left == 0
-        for _ in range(first):
-            self._issue_next()
+        self._open_clients(first)
         self._check_done()
+
+    def _open_clients(self, n: int) -> None:
+        """Start ``n`` clients: all at once, or one by one over the ramp (aiperf's
+        ``--concurrency-ramp-duration``: concurrency 1 at the start, +1 at even intervals,
+        the target reached at the ramp's end)."""
+        a = self.spec.arrival
+        assert isinstance(a, ClosedLoop)
+        gap = a.ramp_s / (a.concurrency - 1) if a.concurrency > 1 else 0.0
+        for k in range(n):
+            self._later(k * gap)
 
     def _issue_next(self) -> None:
         prompt, output, group, p_tokens = next(self._lengths)

@@ -78,6 +78,7 @@ def row_scenario(row: dict[Any, Any], file: str | None = None,
         arrival["turnaround_s"] = engine.frontend.seconds(_int(row, "input_len", 1))
         arrival["turnaround_cv"] = engine.frontend.jitter_cv
         arrival["warmup_requests"] = _int(row, "warmup_requests", 0)
+        arrival["ramp_s"] = _num(row, "concurrency_ramp_s") or 0.0
     elif row["arrival"] == "poisson":
         arrival["rate_per_s"] = _num(row, "request_rate")
     requests = _int(row, "num_requests", 1000)

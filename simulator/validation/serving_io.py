@@ -29,7 +29,7 @@ MEASURED = ("measured_ttft_ms", "measured_tpot_ms", "measured_itl_ms", "measured
             "measured_output_tok_s")
 INTS = ("tp", "pp", "ep", "dp", "input_len", "output_len", "concurrency", "num_requests",
         "max_num_seqs", "max_num_batched_tokens", "seed", "warmup_requests")
-FLOATS = ("request_rate", "memory_utilization", *MEASURED)
+FLOATS = ("request_rate", "memory_utilization", "concurrency_ramp_s", *MEASURED)
 TEXT = ("model", "model_id", "device", "engine", "engine_version", "precision",
         "kv_precision", "arrival", "statistic", "split", "source", "notes")
 BOOLS = ("chunked_prefill",)
