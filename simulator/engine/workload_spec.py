@@ -65,9 +65,9 @@ class ClosedLoop(Spec):
     ramp_s: float = Field(0.0, ge=0, description=(
         "Clients start one by one over this many seconds instead of all at once, as aiperf "
         "`--concurrency-ramp-duration` does: one client at t = 0 and one more every "
-        "ramp_s / (concurrency - 1) seconds, the last at ramp_s (ai-dynamo/aiperf:"
-        "docs/tutorials/ramping.md); each phase (warm-up, measured) ramps again. 0 = all "
-        "at once, aiperf's and `vllm bench serve`'s default."))
+        "ramp_s / (concurrency - 1) seconds, the last at ramp_s "
+        "(ai-dynamo/aiperf:docs/tutorials/ramping.md); each phase (warm-up, measured) ramps "
+        "again. 0 = all at once, aiperf's and `vllm bench serve`'s default."))
 
 
 class AllAtOnce(Spec):
