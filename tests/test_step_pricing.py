@@ -83,8 +83,16 @@ def reference_formulas() -> Iterator[None]:
 class Reference(InstanceCostModel):
     """The attention and all-reduce operators as priced before the float fast paths."""
 
+    def _decode_group(self) -> tuple[Any, Any, Any]:
+        """The decode kernel's (unit heads, KV bytes, rows) multipliers for this layout."""
+        fit = self._fits.get("attention_decode")
+        if fit is None or not fit.group_limit or self.model.attention == "mla":
+            return 1.0, 1.0, 1.0
+        heads = self.model.num_attention_heads / self.parallelism.tp
+        return fit.decode_group(heads / self.kv_heads_per_device)
+
     def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
-        kvh = self.kv_heads_per_device
+        kvh = self.kv_heads_per_device * self._decode_group()[0]
         fit = self._fits.get("attention_decode")
         split = fit.tile_m if fit is not None and fit.tile_m else DECODE_SPLIT_TOKENS
         return (_array_decode_units(seqs, ctx, kvh, split),
@@ -125,7 +133,7 @@ class Reference(InstanceCostModel):
         launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
             compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
-            fixed = fit.fixed(rows * self._decode_row_heads(fit))
+            fixed = fit.fixed(rows * (self._decode_row_heads(fit) * self._decode_group()[2]))
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
             memory = np.where(on_compute, memory, memory + fixed)
@@ -188,7 +196,7 @@ class Reference(InstanceCostModel):
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         m, t = self.model, self.parallelism.tp
         heads = m.num_attention_heads / t
-        kv_elems = self.kv_elements_per_token_per_layer_device()
+        kv_elems = self.kv_elements_per_token_per_layer_device() * self._decode_group()[1]
         io_width = (m.q_width + m.attn_out_width) / t
         if m.attention == "mla":
             per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
@@ -207,7 +215,8 @@ class Reference(InstanceCostModel):
                                                                     b.decode_ctx_tokens)
             fit = self._fits.get("attention_decode")
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
-                     float(units), b.decode_seqs * (self._decode_row_heads(fit) if fit else heads),
+                     float(units), b.decode_seqs * (self._decode_row_heads(fit)
+                                                    * self._decode_group()[2] if fit else heads),
                      float(quant))
 
     def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:

@@ -125,6 +125,27 @@ def test_a_tiled_step_never_decreases_as_its_batch_grows(model: str, new: int, c
     _assert_never_faster_when_grown(cm, new, ctx, d_ctx, more_new, more_ctx)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["Llama-2-7B", "Llama-3.1-405B"]), st.sampled_from([8, 32]),
+       st.integers(0, 512), st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300),
+       st.integers(0, 4096))
+def test_a_step_past_the_decode_group_limit_never_decreases_as_its_batch_grows(
+        model: str, limit: int, new: int, ctx: int, d_ctx: int, more_new: int,
+        more_ctx: int) -> None:
+    # Llama-2-7B (MHA) never runs the grouped kernel, Llama-3.1-405B (16 per KV head) runs
+    # it under limit 32 and not under 8: one block per query head, KV re-read per head.
+    device = _tiled_h100()
+    assert device.operators is not None
+    fits = dict(device.operators["vllm"].fits)
+    fits["attention_decode"] = fits["attention_decode"].model_copy(update={
+        "group_limit": limit, "group_reread": 0.4, "group_row_share": 0.3,
+        "row_unit": "kv_head"})
+    grouped = device.model_copy(update={"operators": {"vllm": OperatorFits(source="t",
+                                                                           fits=fits)}})
+    cm = InstanceCostModel(get_model(model), grouped, engine="vllm", fitted=True)
+    _assert_never_faster_when_grown(cm, new, ctx, d_ctx, more_new, more_ctx)
+
+
 def test_tiles_change_the_step_and_decode_series_agrees() -> None:
     m8 = get_model("Llama-3.1-8B")
     tiled = InstanceCostModel(m8, _tiled_h100(), engine="vllm", fitted=True)
@@ -211,7 +232,7 @@ def test_kernel_fit_picks_the_tiles_that_made_the_data() -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(["H100-SXM", "H200-SXM", "A100-SXM-80GB", "B200", "L40S"]),
        st.sampled_from(["vllm", "trtllm", "sglang"]),
-       st.sampled_from(["Llama-3.1-8B", "Mixtral-8x7B"]), st.integers(0, 512),
+       st.sampled_from(["Llama-3.1-8B", "Mixtral-8x7B", "Llama-2-7B"]), st.integers(0, 512),
        st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300), st.integers(0, 4096),
        st.sampled_from(["bf16", "fp8"]))
 def test_the_shipped_fits_never_price_a_larger_batch_faster(

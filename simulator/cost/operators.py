@@ -77,6 +77,8 @@ class OperatorPricing:
     _decode_per_ctx: float
     _prefill_per_pair: float
     _decode_split: int
+    _decode_kvh: float
+    _decode_kv_elems: float
     _decode_rows: float
     _prefill_scale: float | None
 
@@ -128,8 +130,9 @@ class OperatorPricing:
 
     def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
         """Parallel units and tile/wave FLOPs multiplier of decode attention: a tiled fit's
-        ``tile_m`` is its split-KV partition, else ``DECODE_SPLIT_TOKENS``."""
-        kvh = self._kvh
+        ``tile_m`` is its split-KV partition, else ``DECODE_SPLIT_TOKENS``. A kernel with a
+        block per query head (``OperatorFit.group_limit``) counts query heads."""
+        kvh = self._decode_kvh
         return (decode_units(seqs, ctx, kvh, self._decode_split),
                 self._quant("attention_decode", (seqs, ctx, kvh)))
 
@@ -222,9 +225,10 @@ class OperatorPricing:
         return alone if slower else batch
 
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
-        """FLOPs and bytes of one layer's decode attention on one device."""
+        """FLOPs and bytes of one layer's decode attention on one device (the KV bytes of
+        the engine's kernel for this head layout: ``OperatorFit.decode_group``)."""
         flops = self._decode_per_ctx * ctx
-        nbytes = ctx * self._kv_elems * self._kvb + seqs * self._attn_io * self._ab
+        nbytes = ctx * self._decode_kv_elems * self._kvb + seqs * self._attn_io * self._ab
         return flops, nbytes
 
     # ----- operators -----------------------------------------------------------------

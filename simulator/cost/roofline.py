@@ -276,7 +276,7 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
     return wave_factor(whole, exact, sms, max_split, overhead)
 
 
-def decode_blocks(seqs: int, ctx: np.ndarray, kv_heads: int, tile_m: int,
+def decode_blocks(seqs: int, ctx: np.ndarray, kv_heads: float, tile_m: int,
                   sms: int | None) -> tuple[np.ndarray, Any]:
     """:func:`decode_units` and :func:`quantisation` (``decode``) of a decode series priced
     with a fit whose split-KV partition ``tile_m`` is also its tile (``ctx`` a float array,

@@ -130,6 +130,13 @@ class InstanceCostModel(OperatorPricing):
         self._decode_split = decode.tile_m if decode is not None and decode.tile_m else (
             DECODE_SPLIT_TOKENS)
         self._decode_rows = self._decode_row_heads(decode) if decode else self._q_heads
+        # The decode kernel the engine dispatches for this head layout (OperatorFit.group_limit).
+        self._decode_kvh, self._decode_kv_elems = float(self._kvh), self._kv_elems
+        if decode is not None and decode.group_limit and m.attention != "mla":
+            heads, kv, rows = decode.decode_group(self._q_heads / self._kvh)
+            self._decode_kvh = self._kvh * heads
+            self._decode_kv_elems = self._kv_elems * kv
+            self._decode_rows = self._decode_rows * rows
         prefill = self._fits.get("attention_prefill")
         # Prefill tiles are chosen by head dimension (FlashAttention-class kernels).
         self._prefill_scale = (None if m.attention == "mla" or prefill is None
@@ -256,7 +263,7 @@ class InstanceCostModel(OperatorPricing):
         of the chosen inputs are the chosen parts: each is computed once and the slower
         picked, and the block counts come from :func:`decode_blocks` (the same floats as
         ``_decode_units``, bit for bit: tests/test_step_pricing.py)."""
-        kvh, tile_m, sms = self._kvh, fit.tile_m, self._sms
+        kvh, tile_m, sms = self._decode_kvh, fit.tile_m, self._sms
         flops, nbytes = self._decode_attention_work(seqs, ctx)
         units, quant = decode_blocks(seqs, ctx, kvh, tile_m, sms)
         compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)

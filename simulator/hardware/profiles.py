@@ -148,7 +148,40 @@ class OperatorFit(_Frozen):
         "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
         "fewer key columns per tile as head_dim grows, for registers and shared memory), so "
         "large head dims run further from peak."))
+    group_limit: int = Field(0, ge=0, description=(
+        "Decode attention: the most query heads per KV head the grouped-query kernel takes "
+        "(0: one kernel for every layout). Head groups above it, and plain multi-head "
+        "attention (one query head per KV head), run a kernel with one thread block per "
+        "(sequence, query head) that re-reads a KV head for each of its query heads "
+        "(TensorRT-LLM: XQA takes groups of 2 to 32 at beam 1, masked multi-head attention "
+        "the rest; decoderXQAImplJIT/kernelUtils.cpp `supportConfigCommon`, "
+        "`supportConfigHMMA`). The per-row work is then counted per (sequence, KV head) for "
+        "the grouped kernel and per (sequence, query head) for the other."))
+    group_reread: float = Field(0.0, ge=0, le=1, description=(
+        "Decode attention outside the grouped kernel (`group_limit`): the share of each "
+        "further query head's KV re-read that reaches memory (the rest hits L2): KV bytes x "
+        "(1 + (group - 1) x group_reread)."))
+    group_row_share: float = Field(1.0, ge=0, le=1, description=(
+        "Decode attention outside the grouped kernel (`group_limit`): the per-row time of "
+        "one (sequence, query head) block relative to one grouped (sequence, KV head) block."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
+
+    def decode_group(self, group: Any) -> tuple[Any, Any, Any]:
+        """``(unit heads, KV bytes, rows)`` multipliers of decode attention for ``group`` query
+        heads per KV head on one device (``rows``: of the per-(sequence, KV head) rows):
+        ``(1, 1, 1)`` for the grouped-query kernel, else the per-query-head kernel's
+        ``(group, 1 + (group - 1) * group_reread, group * group_row_share)``."""
+        if not self.group_limit:
+            return 1.0, 1.0, 1.0
+        if isinstance(group, np.ndarray):
+            other = (group > self.group_limit) | (group <= 1.0)
+            return (np.where(other, group, 1.0),
+                    np.where(other, 1.0 + (group - 1.0) * self.group_reread, 1.0),
+                    np.where(other, group * self.group_row_share, 1.0))
+        if 1.0 < group <= self.group_limit:
+            return 1.0, 1.0, 1.0
+        g = float(group)
+        return g, 1.0 + (g - 1.0) * self.group_reread, g * self.group_row_share
 
     def work_scale(self, head_dim: Any) -> Any:
         """Multiplier of an attention operator's FLOPs and bytes for its head dimension."""

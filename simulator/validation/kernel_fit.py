@@ -34,7 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from simulator.cost.roofline import decode_units, op_time, prefill_tiles, quantisation
+from simulator.cost.roofline import (
+    DECODE_SPLIT_TOKENS,
+    decode_units,
+    op_time,
+    prefill_tiles,
+    quantisation,
+)
 from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
 from simulator.hardware.registry import device_names, load_device
 from simulator.runner.kernel_tables import (
@@ -77,6 +83,13 @@ DISPATCH_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 choose instead of one tile size, with or without split-K, on its training shapes only: the
 engine's own Hopper kernel dispatch, offered on Hopper tables (:data:`HOPPER_TABLES`) only."""
 HOPPER_TABLES = ("h100_sxm", "h200_sxm")
+GROUP_LIMIT_CHOICES: dict[str, tuple[int, ...]] = {"trtllm": (8, 16, 32, 64)}
+"""Group limits (``OperatorFit.group_limit``) an engine's decode-attention fit may choose,
+on its training shapes only, against none: TensorRT-LLM's XQA kernels take up to 32 query
+heads per KV head and the engine runs masked multi-head attention above
+(cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderXQAImplJIT/kernelUtils.cpp,
+``supportConfigHMMA`` / ``supportConfigQGMMA``: ``head_grp_size * beam_width > 32`` is not
+supported)."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -106,14 +119,18 @@ def _exp(v: float) -> float:
 
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
-            pack_gqa: bool = False, dispatch: str = "") -> OperatorFit:
-    # x[7], where present, is the head-dimension exponent (attention families only).
-    return OperatorFit(compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
+            pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0) -> OperatorFit:
+    # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
+    # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
+    extra: dict[str, Any] = {
+        "group_limit": group_limit, "group_reread": _sig(x[7]), "group_row_share": _sig(x[8]),
+        "row_unit": "kv_head"} if group_limit else {
+        "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0}
+    return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
                        half_units=_exp(x[5]) if fill else 0.0,
                        per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
                        split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
-                       head_dim_exp=float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "")
 
@@ -121,8 +138,10 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
           idx: np.ndarray) -> tuple[np.ndarray, Any]:
     """Parallel units and the tile/wave FLOPs multiplier of ``samples[idx]`` under
-    ``fitted`` (decode attention: its split-KV partition also sets the units)."""
-    if not fitted.tile_m or samples.tiles is None:
+    ``fitted`` (decode attention: its split-KV partition also sets the units, and above
+    its group limit the blocks are per query head, :meth:`OperatorFit.decode_group`)."""
+    grouped = samples.decode and fitted.group_limit and samples.group is not None
+    if (not fitted.tile_m and not grouped) or samples.tiles is None:
         return samples.units[idx], 1.0
     shape = tuple(a[idx] for a in samples.tiles)
     units = samples.units[idx]
@@ -130,8 +149,25 @@ def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
         seqs, rows, heads, kv_heads, head_dim = shape
         shape = prefill_tiles(seqs, rows, heads, kv_heads, head_dim, fitted.pack_gqa)
     if samples.decode:
-        units = decode_units(shape[0], shape[1], shape[2], fitted.tile_m)
+        if grouped:
+            assert samples.group is not None
+            shape = (shape[0], shape[1], shape[2] * fitted.decode_group(samples.group[idx])[0])
+        units = decode_units(shape[0], shape[1], shape[2], fitted.tile_m or DECODE_SPLIT_TOKENS)
     return units, quantisation(fitted, shape, device.sm_count, samples.decode)
+
+
+def _bytes_rows(samples: Samples, fitted: OperatorFit,
+                idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes and per-row work of ``samples[idx]`` under ``fitted``: decode attention outside
+    its grouped kernel re-reads KV per query head and has a block per query head
+    (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head)."""
+    nbytes, rows = samples.nbytes[idx], samples.rows[idx]
+    if not (samples.decode and fitted.group_limit) or samples.group is None:
+        return nbytes, rows
+    assert samples.kv_bytes is not None
+    kv = samples.kv_bytes[idx]
+    _, kv_scale, row_scale = fitted.decode_group(samples.group[idx])
+    return nbytes - kv + kv * kv_scale, rows * row_scale
 
 
 def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
@@ -139,9 +175,10 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
     """Seconds ``fitted`` gives the measured shapes ``idx``."""
     units, quant = _work(samples, fitted, device, idx)
     scale = fitted.work_scale(samples.head_dim[idx]) if samples.head_dim is not None else 1.0
+    nbytes, rows = _bytes_rows(samples, fitted, idx)
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
                                      device.memory_bandwidth, samples.flops[idx] * scale,
-                                     samples.nbytes[idx] * scale, units, samples.rows[idx], quant))
+                                     nbytes * scale, units, rows, quant))
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -153,12 +190,14 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
                        tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
                        head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
-                       tile_dispatch=f.tile_dispatch)
+                       tile_dispatch=f.tile_dispatch, group_limit=f.group_limit,
+                       group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
+                       group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
-        dispatch: str = "") -> OperatorFit:
+        dispatch: str = "", group_limit: int = 0) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing."""
@@ -166,25 +205,30 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
-    f, b, r = (a[idx] for a in (samples.flops, samples.nbytes, samples.rows))
-    u, q = _work(samples, _to_fit(np.zeros(7), 0, tile_m, tile_n, split_k, True, tile_k0,
-                                  pack_gqa, dispatch), device, idx)
+    f = samples.flops[idx]
+    u, q = _work(samples, _to_fit(np.zeros(9), 0, tile_m, tile_n, split_k, True, tile_k0,
+                                  pack_gqa, dispatch, group_limit), device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.decode  # see the note above _to_fit
     hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
     def residual(x: np.ndarray) -> np.ndarray:
-        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch)
+        model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
+                        group_limit)
         s = model.work_scale(hd) if hd is not None else 1.0
+        b, r = _bytes_rows(samples, model, idx)
         return np.log(model.seconds(peak, bw, f * s, b * s, u, r, q)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
-    starts = ((0.7, 1e9, 1e6, 5.0, 1.0, 1.0), (0.5, 1e10, 1e7, 10.0, 30.0, 100.0),
-              (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
+    starts: tuple[tuple[float, ...], ...] = (
+        (0.7, 1e9, 1e6, 5.0, 1.0, 1.0), (0.5, 1e10, 1e7, 10.0, 30.0, 100.0),
+        (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
+    if group_limit:  # blocks of tens of ns each (the two kernels' per-block work)
+        starts += ((0.6, 1e7, 1e7, 5.0, 100.0, 3e4),)
     for c0, fh0, bh0, fl0, uh0, rp0 in starts:
         x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
-                       math.log(fl0), math.log(uh0), math.log(rp0), *([0.0] if hd is not None
-                                                                      else [])])
+                       math.log(fl0), math.log(uh0), math.log(rp0),
+                       *([0.0] if hd is not None else [-1.0, -1.0] if group_limit else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -200,7 +244,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
-                            tile_k0, pack_gqa, dispatch))
+                            tile_k0, pack_gqa, dispatch, group_limit))
 
 
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
@@ -241,15 +285,17 @@ def tile_label(fitted: OperatorFit) -> str:
             + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
 
 
-def fit_family(family: Samples, device: DeviceProfile,
-               dispatches: tuple[str, ...] = ()) -> tuple[Samples, OperatorFit]:
+def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
+               group_limits: tuple[int, ...] = ()) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
     ``sm_count``) is fitted, and decode attention is fitted with its per-row work counted
     per query head and per KV head; the fit with the lowest error on the training shapes is
     kept (held-out shapes never choose). ``dispatches`` are the tile dispatch tables it may
-    also choose (:data:`DISPATCH_CHOICES`).
+    also choose (:data:`DISPATCH_CHOICES`); ``group_limits`` the decode-attention group
+    limits (:data:`GROUP_LIMIT_CHOICES`), each fitted with the chosen tiles and then every
+    tile choice refitted with the best limit.
     """
     variants = [(family, "query_head")]
     if family.kv_rows is not None:
@@ -272,6 +318,17 @@ def fit_family(family: Samples, device: DeviceProfile,
             for pack in packs if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack))
     assert best is not None
+    if family.decode and family.group is not None and group_limits and len(variants) > 1:
+        # Rows per KV head: the grouped kernel's blocks (decode_group scales the others').
+        per_kv, plain = variants[1][0], best[2]
+        for limit in group_limits:
+            consider(per_kv, "kv_head", fit(per_kv, device, plain.tile_m, group_limit=limit))
+        if best[2].group_limit:
+            limit, kept = best[2].group_limit, best[2]
+            for tile_m, tile_n, split_k in tiles:
+                if tile_m != kept.tile_m:
+                    consider(per_kv, "kv_head", fit(per_kv, device, tile_m, tile_n, split_k,
+                                                    group_limit=limit))
     # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]
@@ -366,7 +423,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
             continue
         dispatches = (DISPATCH_CHOICES.get((engine, family.op), ())
                       if device.kernel_tables in HOPPER_TABLES else ())
-        s, fitted = fit_family(family, device, dispatches)
+        limits = GROUP_LIMIT_CHOICES.get(engine, ()) if family.decode else ()
+        s, fitted = fit_family(family, device, dispatches, limits)
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         # Keep a fit only where it beats the device-wide constants on the shapes it was

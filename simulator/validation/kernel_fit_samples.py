@@ -50,6 +50,10 @@ class Samples:
     """Prefill attention: the head dimension of each shape (``OperatorFit.head_dim_exp``).
     Decode attention is fitted without it: on the held-out shapes of H100 and B200 (vLLM)
     the term did not help decode (8.2 -> 9.3 % on H100)."""
+    group: np.ndarray | None = None
+    """Decode attention: query heads per KV head (``OperatorFit.group_limit``)."""
+    kv_bytes: np.ndarray | None = None
+    """Decode attention: the KV-cache part of ``nbytes`` (``OperatorFit.group_reread``)."""
 
     @property
     def prefill(self) -> bool:
@@ -111,7 +115,8 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
         else:
             kv = isl + step
             flops = 4 * heads * hd * kv * batch
-            nbytes = batch * (kv * 2 * kvh * hd * kvb + 2 * heads * hd * 2)
+            kv_bytes = batch * kv * 2 * kvh * hd * kvb
+            nbytes = kv_bytes + batch * 2 * heads * hd * 2
             units, rows = decode_units(batch, batch * kv, kvh), batch * heads
             tiles = (batch, batch * kv, kvh)
         keys = (a["num_heads"].astype(str) + "/" + a["num_key_value_heads"].astype(str) + "/"
@@ -119,7 +124,8 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
         whole = Samples(op, "bf16", flops, nbytes, units, rows, a["latency"].to_numpy(float) * 1e-3,
                         _held_out(keys), f"{folder}/{name}",
                         batch * kvh if op == "attention_decode" else None, tiles,
-                        hd if op == "attention_prefill" else None)
+                        hd if op == "attention_prefill" else None,
+                        *((heads / kvh, kv_bytes) if op == "attention_decode" else (None, None)))
         if not split_kv:
             out.append(whole)
             continue
@@ -136,7 +142,7 @@ def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
     tiles = None if s.tiles is None else tuple(t[mask] for t in s.tiles)
     return Samples(op, s.precision, s.flops[mask], s.nbytes[mask], s.units[mask], s.rows[mask],
                    s.seconds[mask], s.held_out[mask], f"{s.source} ({op})", cut(s.kv_rows),
-                   tiles, cut(s.head_dim))
+                   tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes))
 
 
 NON_GATED_LAYOUTS = ((22, 512, None, None), (6, 128, 2688, 1856))
