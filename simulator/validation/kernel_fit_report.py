@@ -85,7 +85,10 @@ def device_table(rows: Rows, previous: Rows, engine: str) -> list[str]:
     out = ["| device | operator | held-out shapes | roofline % | previous fit % | this fit % "
            "| p90 % | bias % | tiles | used |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows.get(engine, []):
-        prev = old.get((engine, r["device"], r["op"].removesuffix("_all_kv")))
+        # Attention over both KV caches: the previous file's row of both where it has one,
+        # else the previous single curve.
+        prev = (old.get((engine, r["device"], r["op"]))
+                or old.get((engine, r["device"], r["op"].removesuffix("_all_kv"))))
         used = "yes" if r["kept"] else "no (device-wide kept)"
         out.append(f"| {r['device']} | {_label(r['op'])} | {r['held_out_rows']} | "
                    f"{r['median_ape_before']} | {prev['median_ape_after'] if prev else '–'} | "
@@ -118,7 +121,7 @@ def summary_table(rows: Rows, previous: Rows) -> list[str]:
             old.setdefault(_family(r["op"]), []).append(r)
         for fam, part in families.items():
             # Attention over both KV caches is comparable with one fit of both.
-            was = fam.removesuffix("_all_kv")
+            was = fam if fam in old else fam.removesuffix("_all_kv")
             after = _by_device(part, "median_ape_after")
             then = [r for r in old.get(was, []) if r["device"] in after]  # same devices
             prev = f"{_median(then, 'median_ape_after')}" if then else "–"
