@@ -1,0 +1,134 @@
+"""Predictions and scores of fitted operator constants on measured samples
+(:mod:`simulator.validation.kernel_fit`): the work each fit prices a measured shape with, and
+the held-out errors the Operators tables of docs/VALIDATION.md report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simulator.cost.roofline import (
+    DECODE_SPLIT_TOKENS,
+    decode_units,
+    op_time,
+    prefill_tiles,
+    quantisation,
+)
+from simulator.hardware.profiles import DeviceProfile, OperatorFit
+from simulator.validation.kernel_fit_comm import _ape
+from simulator.validation.kernel_fit_samples import Samples
+
+__all__ = ["both_kv_row", "evaluate", "predict", "tile_label", "training_ape"]
+
+
+def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
+          idx: np.ndarray) -> tuple[np.ndarray, Any]:
+    """Parallel units and the tile/wave FLOPs multiplier of ``samples[idx]`` under
+    ``fitted`` (decode attention: its split-KV partition also sets the units, and above
+    its group limit the blocks are per query head, :meth:`OperatorFit.decode_group`)."""
+    grouped = samples.decode and fitted.group_limit and samples.group is not None
+    if (not fitted.tile_m and not grouped) or samples.tiles is None:
+        return samples.units[idx], 1.0
+    shape = tuple(a[idx] for a in samples.tiles)
+    units = samples.units[idx]
+    if samples.prefill:
+        seqs, rows, heads, kv_heads, head_dim = shape
+        shape = prefill_tiles(seqs, rows, heads, kv_heads, head_dim, fitted.pack_gqa)
+    if samples.decode:
+        if grouped:
+            assert samples.group is not None
+            shape = (shape[0], shape[1], shape[2] * fitted.decode_group(samples.group[idx])[0])
+        units = decode_units(shape[0], shape[1], shape[2], fitted.tile_m or DECODE_SPLIT_TOKENS)
+    return units, quantisation(fitted, shape, device.sm_count, samples.decode)
+
+
+def _bytes_rows(samples: Samples, fitted: OperatorFit,
+                idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes and per-row work of ``samples[idx]`` under ``fitted``: decode attention outside
+    its grouped kernel re-reads KV per query head and has a block per query head
+    (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head)."""
+    nbytes, rows = samples.nbytes[idx], samples.rows[idx]
+    if not (samples.decode and fitted.group_limit) or samples.group is None:
+        return nbytes, rows
+    assert samples.kv_bytes is not None
+    kv = samples.kv_bytes[idx]
+    _, kv_scale, row_scale = fitted.decode_group(samples.group[idx])
+    return nbytes - kv + kv * kv_scale, rows * row_scale
+
+
+def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
+            idx: np.ndarray) -> np.ndarray:
+    """Seconds ``fitted`` gives the measured shapes ``idx``."""
+    units, quant = _work(samples, fitted, device, idx)
+    scale = fitted.work_scale(samples.head_dim[idx]) if samples.head_dim is not None else 1.0
+    nbytes, rows = _bytes_rows(samples, fitted, idx)
+    return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
+                                     device.memory_bandwidth, samples.flops[idx] * scale,
+                                     nbytes * scale, units, rows, quant))
+
+
+def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:
+    """Median APE on (a thinned set of) the fitted shapes; ``None``: device-wide constants."""
+    idx = np.flatnonzero(~samples.held_out)
+    idx = idx[np.linspace(0, len(idx) - 1, min(len(idx), 2000)).astype(int)]
+    f, b, t = samples.flops[idx], samples.nbytes[idx], samples.seconds[idx]
+    if fitted is None:
+        pred = np.array([op_time(device, samples.precision, fi, bi).seconds
+                         for fi, bi in zip(f, b, strict=True)])
+    else:
+        pred = predict(samples, device, fitted, idx)
+    return float(np.median(_ape(pred, t)))
+
+
+def evaluate(samples: Samples, device: DeviceProfile, fitted: OperatorFit) -> dict[str, Any]:
+    ho = samples.held_out
+    f, b, t = samples.flops[ho], samples.nbytes[ho], samples.seconds[ho]
+    before = np.array([op_time(device, samples.precision, fi, bi).seconds
+                       for fi, bi in zip(f, b, strict=True)])
+    after = predict(samples, device, fitted, np.flatnonzero(ho))
+    return {"op": samples.op, "held_out_rows": int(ho.sum()), "fit_rows": fitted.rows,
+            "median_ape_before": round(float(np.median(_ape(before, t))), 1),
+            "median_ape_after": round(float(np.median(_ape(after, t))), 1),
+            "p90_ape_after": round(float(np.percentile(_ape(after, t), 90)), 1),
+            "median_error_after": round(float(np.median(after / t - 1) * 100), 1),
+            "tiles": tile_label(fitted)}
+
+
+def tile_label(fitted: OperatorFit) -> str:
+    """The fit's tile choice as the tables print it: ``128x64``, ``+split-K``, ``-`` (none)."""
+    if not fitted.tile_m:
+        return "-"
+    size = f"{fitted.tile_m}x{fitted.tile_n}" if fitted.tile_n else f"{fitted.tile_m}"
+    if fitted.tile_dispatch:
+        size = fitted.tile_dispatch
+    return (size + ("+split-K" if fitted.split_k else "") + ("+packGQA" if fitted.pack_gqa else "")
+            + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
+
+
+def both_kv_row(scored: dict[str, Samples], fits: dict[str, OperatorFit], base: str,
+                device: DeviceProfile, engine: str) -> dict[str, Any] | None:
+    """Held-out error of an attention family over BF16 and FP8 KV caches together, each
+    shape priced as the step model prices it (the ``_kv_fp8`` fit, else the BF16-KV fit,
+    else the device-wide constants): comparable with a fit of both on one curve."""
+    parts = [(scored[op], fits.get(op) or fits.get(base)) for op in (base, base + "_kv_fp8")
+             if op in scored]
+    if len(parts) < 2:
+        return None
+    before, after = [], []
+    for s, fitted in parts:
+        ho = np.flatnonzero(s.held_out)
+        t = s.seconds[ho]
+        roof = np.array([op_time(device, s.precision, f, b).seconds
+                         for f, b in zip(s.flops[ho], s.nbytes[ho], strict=True)])
+        before.append(_ape(roof, t))
+        after.append((predict(s, device, fitted, ho) if fitted else roof) / t - 1)
+    err = np.concatenate(after)
+    a = np.abs(err) * 100
+    return {"device": device.name, "engine": engine, "op": base + "_all_kv", "kept": True,
+            "held_out_rows": len(a), "fit_rows": sum(int((~s.held_out).sum()) for s, _ in parts),
+            "median_ape_before": round(float(np.median(np.concatenate(before))), 1),
+            "median_ape_after": round(float(np.median(a)), 1),
+            "p90_ape_after": round(float(np.percentile(a, 90)), 1),
+            "median_error_after": round(float(np.median(err) * 100), 1),
+            "tiles": "both KV fits"}
