@@ -570,3 +570,16 @@ def test_the_trtllm_frontend_constant_zeroes_its_calibration_ttft() -> None:
     errors = long_errors(simulate_rows(rows))
     ttft = errors[errors["metric"] == "ttft_ms"]["error"]
     assert ttft.abs().max() < 0.002
+
+
+def test_the_tables_say_how_each_point_was_loaded() -> None:
+    """A Poisson row is labelled by its rate, not as offline; a closed-loop row by its
+    concurrency; only an all-at-once row is offline."""
+    base = {"file": "f.csv", "row": 0, "line": 2, "engine": "sglang", "device": "H200-SXM",
+            "model": "m", "tp": 1, "input_len": 8, "output_len": 8, "split": "validation",
+            "precision": "bf16", "measured_tpot_ms": 10.0, "predicted_tpot_ms": 9.0}
+    wide = pd.DataFrame([
+        {**base, "arrival": "poisson", "request_rate": 2.0, "concurrency": np.nan},
+        {**base, "arrival": "closed_loop", "request_rate": np.nan, "concurrency": 5.0},
+        {**base, "arrival": "all_at_once", "request_rate": np.nan, "concurrency": np.nan}])
+    assert list(long_errors(wide)["concurrency"]) == ["2 req/s", "5", "offline"]

@@ -182,11 +182,22 @@ def long_errors(wide: pd.DataFrame) -> pd.DataFrame:
                                                    "output_len", "split", "precision")},
                          "metric": col.removeprefix("measured_"), "measured": float(measured),
                          "predicted": predicted, "error": err, "ape": abs(err)})
-    out = pd.DataFrame(rows)
-    if len(out):
-        out["concurrency"] = out["concurrency"].map(
-            lambda c: "offline" if c is None or (isinstance(c, float) and math.isnan(c)) else str(int(c)))
-    return out
+            rows[-1]["concurrency"] = _load_label(r)
+    return pd.DataFrame(rows)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _load_label(row: dict[Any, Any]) -> str:
+    """How a point was loaded, for the tables' concurrency column: the closed-loop
+    concurrency, the Poisson rate (``"2 req/s"``), or ``"offline"`` (all at once)."""
+    if not _missing(row.get("concurrency")):
+        return str(int(row["concurrency"]))
+    if row.get("arrival") == "poisson" and not _missing(row.get("request_rate")):
+        return f"{float(row['request_rate']):g} req/s"
+    return "offline"
 
 
 def serving_error_table(errors: pd.DataFrame, by: Sequence[str] = ("engine",)) -> pd.DataFrame:
