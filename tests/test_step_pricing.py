@@ -133,7 +133,8 @@ class Reference(InstanceCostModel):
         launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
             compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
-            fixed = fit.fixed(rows * (self._decode_row_heads(fit) * self._decode_group()[2]))
+            fixed = fit.fixed(rows * (self._decode_row_heads(fit) * self._decode_group()[2]),
+                              np.maximum(compute, memory))
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
             memory = np.where(on_compute, memory, memory + fixed)

@@ -126,20 +126,23 @@ def test_a_tiled_step_never_decreases_as_its_batch_grows(model: str, new: int, c
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.sampled_from(["Llama-2-7B", "Llama-3.1-405B"]), st.sampled_from([8, 32]),
-       st.integers(0, 512), st.integers(0, 256), st.integers(1, 2048), st.integers(0, 300),
-       st.integers(0, 4096))
+@given(st.sampled_from(["Llama-2-7B", "Llama-3.1-405B", "Llama-3.1-8B"]),
+       st.sampled_from([8, 32]), st.integers(0, 512), st.integers(0, 256), st.integers(1, 2048),
+       st.integers(0, 300), st.integers(0, 4096), st.sampled_from([0.0, 0.6, 1.0]),
+       st.sampled_from([(1.0, 0.0), (1.3, 0.05), (0.6, 1.0)]))
 def test_a_step_past_the_decode_group_limit_never_decreases_as_its_batch_grows(
         model: str, limit: int, new: int, ctx: int, d_ctx: int, more_new: int,
-        more_ctx: int) -> None:
+        more_ctx: int, overlap: float, kv_rows: tuple[float, float]) -> None:
     # Llama-2-7B (MHA) never runs the grouped kernel, Llama-3.1-405B (16 per KV head) runs
-    # it under limit 32 and not under 8: one block per query head, KV re-read per head.
+    # it under limit 32 and not under 8: one block per query head, KV re-read per head;
+    # with and without per-row work hidden under the KV stream (row_overlap).
     device = _tiled_h100()
     assert device.operators is not None
     fits = dict(device.operators["vllm"].fits)
     fits["attention_decode"] = fits["attention_decode"].model_copy(update={
         "group_limit": limit, "group_reread": 0.4, "group_row_share": 0.3,
-        "row_unit": "kv_head"})
+        "row_unit": "kv_head", "row_overlap": overlap, "group_memory": kv_rows[0],
+        "group_q_rows": kv_rows[1]})
     grouped = device.model_copy(update={"operators": {"vllm": OperatorFits(source="t",
                                                                            fits=fits)}})
     cm = InstanceCostModel(get_model(model), grouped, engine="vllm", fitted=True)

@@ -253,7 +253,8 @@ class OperatorPricing:
             peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
             c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant)
             compute, memory = float(c), float(m)
-            fixed = float(fit.fixed(rows)) + (kernels - 1) * fit.floor_us * 1e-6
+            fixed = (float(fit.fixed(rows, max(compute, memory)))
+                     + (kernels - 1) * fit.floor_us * 1e-6)
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
                 return compute + fixed, memory, 0.0

@@ -227,7 +227,7 @@ class InstanceCostModel(OperatorPricing):
         launch = self._launch * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
             compute, memory = self._decode_series_parts(rows, ctx, fit)
-            fixed = fit.fixed(rows * self._decode_rows)
+            fixed = fit.fixed(rows * self._decode_rows, np.maximum(compute, memory))
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
             memory = np.where(on_compute, memory, memory + fixed)

@@ -164,24 +164,45 @@ class OperatorFit(_Frozen):
     group_row_share: float = Field(1.0, ge=0, le=1, description=(
         "Decode attention outside the grouped kernel (`group_limit`): the per-row time of "
         "one (sequence, query head) block relative to one grouped (sequence, KV head) block."))
+    row_overlap: float = Field(0.0, ge=0, le=1, description=(
+        "Decode attention with `group_limit`: the share of the per-row work that runs under "
+        "the KV stream of other resident blocks rather than after it: the time is "
+        "max(compute, memory) + floor + P - row_overlap x min(max(compute, memory), P), "
+        "P the per-row work (rows x per_row_ps). TensorRT-LLM's XQA launches a block per "
+        "(sequence, KV head) and split-KV slice (decoderXQAImplJIT.cpp `runImpl`), so at "
+        "large batches one block's query load, softmax and output write run while others "
+        "stream their keys and values."))
+    group_memory: float = Field(1.0, ge=0.5, le=2.0, description=(
+        "Decode attention outside the grouped kernel (`group_limit`): its KV bytes relative "
+        "to the grouped kernel's at the same bandwidth share (the two kernels reach "
+        "different shares of peak): KV bytes x group_memory x (1 + (group - 1) x "
+        "group_reread)."))
+    group_q_rows: float = Field(0.0, ge=0, le=1, description=(
+        "Decode attention in the grouped kernel (`group_limit`): the per-row work of one "
+        "(sequence, KV head) block grows with its query heads as 1 + (group - 1) x "
+        "group_q_rows (the block's query rows, softmax and output)."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     def decode_group(self, group: Any) -> tuple[Any, Any, Any]:
         """``(unit heads, KV bytes, rows)`` multipliers of decode attention for ``group`` query
         heads per KV head on one device (``rows``: of the per-(sequence, KV head) rows):
-        ``(1, 1, 1)`` for the grouped-query kernel, else the per-query-head kernel's
-        ``(group, 1 + (group - 1) * group_reread, group * group_row_share)``."""
+        ``(1, 1, 1 + (group - 1) * group_q_rows)`` for the grouped-query kernel, else the
+        per-query-head kernel's ``(group, group_memory * (1 + (group - 1) * group_reread),
+        group * group_row_share)``."""
         if not self.group_limit:
             return 1.0, 1.0, 1.0
         if isinstance(group, np.ndarray):
             other = (group > self.group_limit) | (group <= 1.0)
             return (np.where(other, group, 1.0),
-                    np.where(other, 1.0 + (group - 1.0) * self.group_reread, 1.0),
-                    np.where(other, group * self.group_row_share, 1.0))
+                    np.where(other, self.group_memory
+                             * (1.0 + (group - 1.0) * self.group_reread), 1.0),
+                    np.where(other, group * self.group_row_share,
+                             1.0 + (group - 1.0) * self.group_q_rows))
         if 1.0 < group <= self.group_limit:
-            return 1.0, 1.0, 1.0
+            return 1.0, 1.0, 1.0 + (group - 1.0) * self.group_q_rows
         g = float(group)
-        return g, 1.0 + (g - 1.0) * self.group_reread, g * self.group_row_share
+        return (g, self.group_memory * (1.0 + (g - 1.0) * self.group_reread),
+                g * self.group_row_share)
 
     def work_scale(self, head_dim: Any) -> Any:
         """Multiplier of an attention operator's FLOPs and bytes for its head dimension."""
@@ -208,14 +229,22 @@ class OperatorFit(_Frozen):
         memory = (nbytes * under + self.half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
         return compute, memory
 
-    def fixed(self, rows: Any = 0.0) -> Any:
-        """Seconds that do not depend on FLOPs or bytes: the floor and the per-row work."""
-        return self.floor_us * 1e-6 + rows * self.per_row_ps * 1e-12
+    def fixed(self, rows: Any = 0.0, busy: Any = 0.0) -> Any:
+        """Seconds added to the larger of compute and memory (``busy``): the floor and the
+        per-row work, less the share of that work hidden under ``busy`` (``row_overlap``).
+        The sum ``busy + fixed`` never decreases in ``busy`` or ``rows``."""
+        per_row = rows * self.per_row_ps * 1e-12
+        if not self.row_overlap:
+            return self.floor_us * 1e-6 + per_row
+        arrays = isinstance(busy, np.ndarray) or isinstance(per_row, np.ndarray)
+        hidden = np.minimum(busy, per_row) if arrays else min(busy, per_row)
+        return self.floor_us * 1e-6 + per_row - self.row_overlap * hidden
 
     def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
                 units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0) -> Any:
         compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant)
-        return np.maximum(compute, memory) + self.fixed(rows)
+        busy = np.maximum(compute, memory)
+        return busy + self.fixed(rows, busy)
 
 
 class CollectiveCurve(_Frozen):

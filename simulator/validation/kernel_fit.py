@@ -90,6 +90,9 @@ heads per KV head and the engine runs masked multi-head attention above
 (cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderXQAImplJIT/kernelUtils.cpp,
 ``supportConfigHMMA`` / ``supportConfigQGMMA``: ``head_grp_size * beam_width > 32`` is not
 supported)."""
+_GROUP_START = [-1.0, -1.0, 0.0, math.log(0.375 / 1.125), -2.0]
+"""Starts of the group terms (logits): ``group_reread`` and ``group_row_share`` 0.27,
+``row_overlap`` 0.5, ``group_memory`` 0.875, ``group_q_rows`` 0.12."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -120,11 +123,14 @@ def _exp(v: float) -> float:
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0) -> OperatorFit:
+    # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
     extra: dict[str, Any] = {
         "group_limit": group_limit, "group_reread": _sig(x[7]), "group_row_share": _sig(x[8]),
-        "row_unit": "kv_head"} if group_limit else {
+        "row_overlap": _sig(x[9]) if len(x) > 9 else 0.0,
+        "group_memory": 0.5 + 1.5 * _sig(x[10]) if len(x) > 9 else 1.0,
+        "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0, "row_unit": "kv_head"} if group_limit else {
         "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0}
     return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
@@ -146,21 +152,25 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
                        tile_dispatch=f.tile_dispatch, group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
-                       group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0)
+                       group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
+                       row_overlap=round(f.row_overlap, 4) if f.group_limit else 0.0,
+                       group_memory=round(f.group_memory, 4) if f.group_limit else 1.0,
+                       group_q_rows=round(f.group_q_rows, 4) if f.group_limit else 0.0)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
-        dispatch: str = "", group_limit: int = 0) -> OperatorFit:
+        dispatch: str = "", group_limit: int = 0, overlap: bool = True) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
-    without GQA packing."""
+    without GQA packing; decode attention with a group limit with or without ``overlap``
+    (``row_overlap``, ``group_memory``, ``group_q_rows``; without: 0, 1, 0)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f = samples.flops[idx]
-    u, q = _work(samples, _to_fit(np.zeros(9), 0, tile_m, tile_n, split_k, True, tile_k0,
+    u, q = _work(samples, _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0,
                                   pack_gqa, dispatch, group_limit), device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.decode  # see the note above _to_fit
@@ -174,6 +184,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         return np.log(model.seconds(peak, bw, f * s, b * s, u, r, q)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
+    group_start = _GROUP_START if overlap else _GROUP_START[:2]
     starts: tuple[tuple[float, ...], ...] = (
         (0.7, 1e9, 1e6, 5.0, 1.0, 1.0), (0.5, 1e10, 1e7, 10.0, 30.0, 100.0),
         (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
@@ -182,7 +193,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     for c0, fh0, bh0, fl0, uh0, rp0 in starts:
         x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
                        math.log(fl0), math.log(uh0), math.log(rp0),
-                       *([0.0] if hd is not None else [-1.0, -1.0] if group_limit else [])])
+                       *([0.0] if hd is not None else group_start if group_limit
+                         else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -237,14 +249,19 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     if family.decode and family.group is not None and group_limits and len(variants) > 1:
         # Rows per KV head: the grouped kernel's blocks (decode_group scales the others').
         per_kv, plain = variants[1][0], best[2]
+        # With and without the overlap terms (OperatorFit.row_overlap): the training
+        # shapes choose.
         for limit in group_limits:
-            consider(per_kv, "kv_head", fit(per_kv, device, plain.tile_m, group_limit=limit))
+            for overlap in (False, True):
+                consider(per_kv, "kv_head", fit(per_kv, device, plain.tile_m,
+                                                group_limit=limit, overlap=overlap))
         if best[2].group_limit:
             limit, kept = best[2].group_limit, best[2]
+            terms = kept.row_overlap > 0 or kept.group_memory != 1 or kept.group_q_rows > 0
             for tile_m, tile_n, split_k in tiles:
                 if tile_m != kept.tile_m:
                     consider(per_kv, "kv_head", fit(per_kv, device, tile_m, tile_n, split_k,
-                                                    group_limit=limit))
+                                                    group_limit=limit, overlap=terms))
     # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]

@@ -32,8 +32,9 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                         "tile_dispatch"):
                 if not dumped[off]:
                     del dumped[off]
-            if not dumped["group_limit"]:  # one decode kernel: its two constants unused
-                for off in ("group_limit", "group_reread", "group_row_share"):
+            if not dumped["group_limit"]:  # one decode kernel: its group constants unused
+                for off in ("group_limit", "group_reread", "group_row_share", "row_overlap",
+                            "group_memory", "group_q_rows"):
                     del dumped[off]
             fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
                                for k, v in dumped.items())
