@@ -20,7 +20,7 @@ from simulator.cost.roofline import (
     quantisation,
 )
 from simulator.hardware import load_device
-from simulator.hardware.profiles import OperatorFit, OperatorFits
+from simulator.hardware.operator_fits import OperatorFit, OperatorFits
 from simulator.models import get_model
 
 H100 = load_device("H100-SXM")

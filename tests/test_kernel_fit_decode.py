@@ -10,7 +10,7 @@ import pytest
 from simulator.cost import BatchShape, InstanceCostModel
 from simulator.cost.roofline import decode_units
 from simulator.hardware import load_device
-from simulator.hardware.profiles import OperatorFit, OperatorFits
+from simulator.hardware.operator_fits import OperatorFit, OperatorFits
 from simulator.models import get_model
 
 H100 = load_device("H100-SXM")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from simulator.cost import BatchShape, InstanceCostModel, LinkSet, Parallelism, allreduce_time
 from simulator.hardware import load_device, load_link
-from simulator.hardware.profiles import CollectiveCurve, OperatorFit, OperatorFits
+from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit, OperatorFits
 from simulator.models import get_model
 
 FIT = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=1e6, half_units=30.0,

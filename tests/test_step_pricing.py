@@ -40,7 +40,7 @@ from simulator.cost.roofline import (
 )
 from simulator.engine.step_prices import BLOCK, WINDOW
 from simulator.hardware.engines import engine_names, load_engine
-from simulator.hardware.profiles import OperatorFit
+from simulator.hardware.operator_fits import OperatorFit
 from simulator.hardware.registry import device_names, load_device, load_link
 from simulator.models import get_model, model_names
 

@@ -18,7 +18,8 @@ from simulator.cost.roofline import (
     wave_factor,
 )
 from simulator.hardware import load_device
-from simulator.hardware.profiles import DeviceProfile, OperatorFit, OperatorFits
+from simulator.hardware.operator_fits import OperatorFit, OperatorFits
+from simulator.hardware.profiles import DeviceProfile
 from simulator.models import get_model
 
 H100 = load_device("H100-SXM")

@@ -3,7 +3,7 @@
 Every per-layer operator (GEMM groups, prefill and decode attention, routed experts,
 elementwise kernels, the TP all-reduce, the LM head) is priced here on the device-wide
 roofline or, where the device carries one for the engine, its fitted per-operator curve
-(:class:`simulator.hardware.profiles.OperatorFit`) with its tile/wave quantisation
+(:class:`simulator.hardware.operator_fits.OperatorFit`) with its tile/wave quantisation
 (:func:`simulator.cost.roofline.quantisation`).
 """
 
@@ -28,7 +28,8 @@ from simulator.cost.roofline import (
     quantisation,
     scalar_quantisation,
 )
-from simulator.hardware.profiles import DeviceProfile, OperatorFit
+from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 
 QUANT_MEMO_SIZE = 65536

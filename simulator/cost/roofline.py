@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from simulator.hardware.profiles import DeviceProfile, OperatorFit
+from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.profiles import DeviceProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ def op_time(device: DeviceProfile, precision: str, flops: float, nbytes: float,
 # of one block per SM: a kernel of 133 tiles on 132 SMs takes two waves, and a GEMM whose
 # m is not a multiple of its tile computes the padding rows too. The functions below count
 # tiles; ``wave_factor`` turns them into the multiplier of a fitted operator's FLOPs
-# (:meth:`simulator.hardware.profiles.OperatorFit.parts`, ``quant``).
+# (:meth:`simulator.hardware.operator_fits.OperatorFit.parts`, ``quant``).
 
 DECODE_SPLIT_TOKENS = 512
 """Context tokens per split-KV partition of a decode-attention kernel (vLLM's paged

@@ -22,7 +22,8 @@ from simulator.cost.moe_comm import DeepEPMode, EPGroup
 from simulator.cost.operators import OperatorPricing
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_blocks, decode_units
-from simulator.hardware.profiles import DeviceProfile, OperatorFit
+from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
 

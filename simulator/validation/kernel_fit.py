@@ -7,10 +7,10 @@
 For every device profile that names its ``kernel_tables`` system, and one engine's tables
 (``--engine``, vLLM by default, each table at its newest version), each operator family
 (BF16/FP8/FP4 GEMM, prefill and decode attention, MoE) gets the seven constants of
-:class:`simulator.hardware.profiles.OperatorFit`, fitted on log(predicted / measured)
+:class:`simulator.hardware.operator_fits.OperatorFit`, fitted on log(predicted / measured)
 (relative errors, so a 5 us kernel counts as much as a 50 ms one): least squares from four
 starts, then least absolute error by reweighting. The engine's all-reduce becomes a
-:class:`~simulator.hardware.profiles.CollectiveCurve` with every other measured size as a
+:class:`~simulator.hardware.operator_fits.CollectiveCurve` with every other measured size as a
 knot. Shapes are split before fitting: a quarter of the distinct weight shapes (GEMM
 ``n x k``; attention head layouts; MoE model layouts), and the all-reduce sizes between
 knots, are held out and never seen by the fit; the reported errors are on those, with
@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
+from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit
+from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import device_names, load_device
 from simulator.runner.kernel_tables import (
     _pick_version,

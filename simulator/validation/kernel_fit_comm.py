@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.cost.collectives import allreduce_time
-from simulator.hardware.profiles import CollectiveCurve, DeviceProfile
+from simulator.hardware.operator_fits import CollectiveCurve
+from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_link
 
 

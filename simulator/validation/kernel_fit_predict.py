@@ -15,7 +15,8 @@ from simulator.cost.roofline import (
     prefill_tiles,
     quantisation,
 )
-from simulator.hardware.profiles import DeviceProfile, OperatorFit
+from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.profiles import DeviceProfile
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from simulator.hardware.profiles import CollectiveCurve, DeviceProfile, OperatorFit
+from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit
+from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_device, profiles_dir
 
 

@@ -1,0 +1,234 @@
+"""Per-operator roofline constants fitted on measured kernels, and engines' all-reduce curves.
+
+A device profile (:class:`simulator.hardware.profiles.DeviceProfile`) carries these per
+serving engine (``operator_fits``); the cost model prices each operator family through
+:class:`OperatorFit` and each in-domain all-reduce through :class:`CollectiveCurve`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Frozen(BaseModel):
+    """Immutable profile record: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "attention_decode",
+                        "attention_prefill_kv_fp8", "attention_decode_kv_fp8",
+                        "moe", "moe_fp8", "elementwise"]
+"""``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit)."""
+
+HEAD_DIM_REF = 128
+"""Head dimension at which :attr:`OperatorFit.head_dim_exp` scales nothing."""
+
+
+class OperatorFit(Frozen):
+    """Roofline of one operator family on one device, fitted on measured kernels.
+
+    With ``F`` FLOPs, ``B`` bytes, ``U`` parallel work units (GEMM rows; attention
+    sequences x heads) and ``R`` rows of per-row work (activation elements a low-precision
+    GEMM quantises; attention query rows)::
+
+        fill = U / (U + half_units)              # too few units leave SMs idle
+        t = max((F * q + F * (1 / fill - 1) + half_flops) / (peak * compute),
+                (B / fill + half_bytes) / (bw * memory)) + floor + R * per_row_ps
+
+    ``q`` is the tile/wave multiplier of the FLOPs (``tile_m``; 1 without it): waves x SMs
+    over the exact tile count, computed by :func:`simulator.cost.roofline.quantisation`
+    from the operator's shape and the device's ``sm_count``.
+
+    Zero work costs nothing. With work growing with the units it spreads over (F, B
+    proportional to U) the time never decreases, so the step stays monotone in its batch.
+    """
+
+    compute: float = Field(gt=0, le=1, description="Large-operator fraction of peak FLOP/s.")
+    half_flops: float = Field(ge=0, description="FLOPs at which compute efficiency is half.")
+    memory: float = Field(gt=0, le=1, description="Large-operator fraction of peak bandwidth.")
+    half_bytes: float = Field(ge=0, description="Bytes at which memory efficiency is half.")
+    half_units: float = Field(0.0, ge=0, description=(
+        "Parallel work units (GEMM rows, sequences x heads) at which efficiency is half."))
+    floor_us: float = Field(ge=0, description="Fixed latency of one kernel, microseconds.")
+    per_row_ps: float = Field(0.0, ge=0, description=(
+        "Time per row of per-row work (quantised activation element, query row), picoseconds."))
+    row_unit: Literal["query_head", "kv_head"] = Field("query_head", description=(
+        "Decode attention only: what one row of per-row work is, a (sequence, query head) "
+        "pair, or a (sequence, KV head) pair (grouped-query decode kernels that process the "
+        "query heads of one KV head together, e.g. FlashInfer's batch decode with one "
+        "thread block per sequence and KV head). "
+        "The fit picks the one that fits its training shapes better."))
+    tile_m: int = Field(0, ge=0, description=(
+        "Tile and wave quantisation (0 = off): the largest tile along the batch axis (GEMM "
+        "and grouped-MoE rows, prefill query rows; decode attention: the split-KV partition "
+        "in context tokens). With it the FLOPs are multiplied by waves x SMs / tiles "
+        "(simulator.cost.roofline.wave_factor; needs the device's `sm_count`)."))
+    tile_n: int = Field(0, ge=0, description=(
+        "GEMM and grouped-MoE tile along the output columns n (0: columns are not tiled)."))
+    split_k: bool = Field(False, description=(
+        "GEMM and grouped MoE: a kernel of fewer tiles than SMs splits k over the idle SMs "
+        "(cuBLAS split-K, CUTLASS stream-K) instead of leaving them idle."))
+    tile_k0: int = Field(0, ge=0, description=(
+        "GEMM and grouped MoE: fixed work of each tile (or k-slice) in units of k, its "
+        "mainloop pipeline fill and epilogue: a tile of depth k costs as k + tile_k0."))
+    tile_dispatch: Literal["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8"] = Field("", description=(
+        "GEMM: the tile shape follows the kernel library's dispatch by batch size "
+        "(simulator.cost.roofline.TILE_DISPATCH: vLLM's and SGLang's CUTLASS FP8 scaled-MM "
+        "configs for Hopper) instead of one `tile_m` x `tile_n` (which then only switch tiling on)."))
+    pack_gqa: bool = Field(False, description=(
+        "Prefill attention: the query heads sharing a KV head are packed into one block's "
+        "rows (FlashAttention-3 PackGQA; simulator.cost.roofline.prefill_tiles)."))
+    head_dim_exp: float = Field(0.0, ge=-2, le=2, description=(
+        "Attention: FLOPs and bytes are scaled by (head_dim / 128) ** head_dim_exp. The "
+        "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
+        "fewer key columns per tile as head_dim grows, for registers and shared memory), so "
+        "large head dims run further from peak."))
+    group_limit: int = Field(0, ge=0, description=(
+        "Decode attention: the most query heads per KV head the grouped-query kernel takes "
+        "(0: one kernel for every layout). Head groups above it, and plain multi-head "
+        "attention (one query head per KV head), run a kernel with one thread block per "
+        "(sequence, query head) that re-reads a KV head for each of its query heads "
+        "(TensorRT-LLM: XQA takes groups of 2 to 32 at beam 1, masked multi-head attention "
+        "the rest; decoderXQAImplJIT/kernelUtils.cpp `supportConfigCommon`, "
+        "`supportConfigHMMA`). The per-row work is then counted per (sequence, KV head) for "
+        "the grouped kernel and per (sequence, query head) for the other."))
+    group_reread: float = Field(0.0, ge=0, le=1, description=(
+        "Decode attention outside the grouped kernel (`group_limit`): the share of each "
+        "further query head's KV re-read that reaches memory (the rest hits L2): KV bytes x "
+        "(1 + (group - 1) x group_reread)."))
+    group_row_share: float = Field(1.0, ge=0, le=1, description=(
+        "Decode attention outside the grouped kernel (`group_limit`): the per-row time of "
+        "one (sequence, query head) block relative to one grouped (sequence, KV head) block."))
+    row_overlap: float = Field(0.0, ge=0, le=1, description=(
+        "Decode attention with `group_limit`: the share of the per-row work that runs under "
+        "the KV stream of other resident blocks rather than after it: the time is "
+        "max(compute, memory) + floor + P - row_overlap x min(max(compute, memory), P), "
+        "P the per-row work (rows x per_row_ps). TensorRT-LLM's XQA launches a block per "
+        "(sequence, KV head) and split-KV slice (decoderXQAImplJIT.cpp `runImpl`), so at "
+        "large batches one block's query load, softmax and output write run while others "
+        "stream their keys and values."))
+    group_memory: float = Field(1.0, ge=0.5, le=2.0, description=(
+        "Decode attention outside the grouped kernel (`group_limit`): its KV bytes relative "
+        "to the grouped kernel's at the same bandwidth share (the two kernels reach "
+        "different shares of peak): KV bytes x group_memory x (1 + (group - 1) x "
+        "group_reread)."))
+    group_q_rows: float = Field(0.0, ge=0, le=1, description=(
+        "Decode attention in the grouped kernel (`group_limit`): the per-row work of one "
+        "(sequence, KV head) block grows with its query heads as 1 + (group - 1) x "
+        "group_q_rows (the block's query rows, softmax and output)."))
+    rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
+
+    def decode_group(self, group: Any) -> tuple[Any, Any, Any]:
+        """``(unit heads, KV bytes, rows)`` multipliers of decode attention for ``group`` query
+        heads per KV head on one device (``rows``: of the per-(sequence, KV head) rows):
+        ``(1, 1, 1 + (group - 1) * group_q_rows)`` for the grouped-query kernel, else the
+        per-query-head kernel's ``(group, group_memory * (1 + (group - 1) * group_reread),
+        group * group_row_share)``."""
+        if not self.group_limit:
+            return 1.0, 1.0, 1.0
+        if isinstance(group, np.ndarray):
+            other = (group > self.group_limit) | (group <= 1.0)
+            return (np.where(other, group, 1.0),
+                    np.where(other, self.group_memory
+                             * (1.0 + (group - 1.0) * self.group_reread), 1.0),
+                    np.where(other, group * self.group_row_share,
+                             1.0 + (group - 1.0) * self.group_q_rows))
+        if 1.0 < group <= self.group_limit:
+            return 1.0, 1.0, 1.0 + (group - 1.0) * self.group_q_rows
+        g = float(group)
+        return (g, self.group_memory * (1.0 + (g - 1.0) * self.group_reread),
+                g * self.group_row_share)
+
+    def work_scale(self, head_dim: Any) -> Any:
+        """Multiplier of an attention operator's FLOPs and bytes for its head dimension."""
+        if not self.head_dim_exp:
+            return 1.0
+        if isinstance(head_dim, np.ndarray):
+            return (head_dim / HEAD_DIM_REF) ** self.head_dim_exp
+        return float(head_dim / HEAD_DIM_REF) ** self.head_dim_exp
+
+    def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
+              units: Any = 1.0, quant: Any = 1.0) -> tuple[Any, Any]:
+        """Compute and memory seconds (floats or numpy arrays).
+
+        ``quant`` is the tile/wave multiplier of the FLOPs (1 without ``tile_m``); the fill
+        term adds ``F * (half_units / U)``, which stays constant while F grows with U.
+        """
+        fewest = np.maximum(units, 1e-9) if isinstance(units, np.ndarray) else max(units, 1e-9)
+        under = (units + self.half_units) / fewest if self.half_units else 1.0
+        if self.tile_m:
+            flops_eff = flops * quant + (flops * (under - 1.0) if self.half_units else 0.0)
+        else:
+            flops_eff = flops * under
+        compute = (flops_eff + self.half_flops) / (peak_flops * self.compute) * (flops > 0)
+        memory = (nbytes * under + self.half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
+        return compute, memory
+
+    def fixed(self, rows: Any = 0.0, busy: Any = 0.0) -> Any:
+        """Seconds added to the larger of compute and memory (``busy``): the floor and the
+        per-row work, less the share of that work hidden under ``busy`` (``row_overlap``).
+        The sum ``busy + fixed`` never decreases in ``busy`` or ``rows``."""
+        per_row = rows * self.per_row_ps * 1e-12
+        if not self.row_overlap:
+            return self.floor_us * 1e-6 + per_row
+        arrays = isinstance(busy, np.ndarray) or isinstance(per_row, np.ndarray)
+        hidden = np.minimum(busy, per_row) if arrays else min(busy, per_row)
+        return self.floor_us * 1e-6 + per_row - self.row_overlap * hidden
+
+    def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
+                units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0) -> Any:
+        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant)
+        busy = np.maximum(compute, memory)
+        return busy + self.fixed(rows, busy)
+
+
+class CollectiveCurve(Frozen):
+    """Measured time of the engine's all-reduce over ``ranks`` devices of one scale-up domain.
+
+    Knots ``[bytes, microseconds]`` as the engine runs it (custom one-/two-shot kernels for
+    small messages, NCCL above), interpolated in log-log; outside the knots the link's
+    alpha-beta model applies.
+    """
+
+    ranks: int = Field(ge=2, description="Devices in the all-reduce group.")
+    points: list[tuple[float, float]] = Field(min_length=2, description=(
+        "Message bytes and measured microseconds, increasing in bytes."))
+
+    @model_validator(mode="after")
+    def _increasing(self) -> CollectiveCurve:
+        sizes = [b for b, _ in self.points]
+        if any(b <= 0 for b in sizes) or any(t <= 0 for _, t in self.points):
+            raise ValueError("points must be positive")
+        if any(b2 <= b1 for b1, b2 in itertools.pairwise(sizes)):
+            raise ValueError("points must increase in bytes")
+        return self
+
+    def log_knots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Log bytes and log microseconds of the knots, as :meth:`seconds` interpolates them
+        (a caller pricing many messages computes them once and passes them in)."""
+        return np.log([b for b, _ in self.points]), np.log([t for _, t in self.points])
+
+    def seconds(self, nbytes: float,
+                knots: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
+        sizes, times = knots if knots is not None else self.log_knots()
+        if nbytes <= 0:
+            return None
+        at = math.log(nbytes)
+        if not sizes[0] <= at <= sizes[-1]:
+            return None
+        return float(np.exp(np.interp(at, sizes, times))) * 1e-6
+
+
+class OperatorFits(Frozen):
+    """Per-operator roofline constants of a device for one serving engine's kernels."""
+
+    source: str = Field(description="Package, version and tables the fits come from.")
+    fits: dict[OperatorClass, OperatorFit] = Field(description="Constants per operator family.")
+    allreduce: list[CollectiveCurve] = Field(default_factory=list, description=(
+        "The engine's all-reduce inside one scale-up domain, per group size."))
