@@ -1,7 +1,7 @@
 """Per-operator roofline constants fitted on measured kernels, and engines' all-reduce curves.
 
 A device profile (:class:`simulator.hardware.profiles.DeviceProfile`) carries these per
-serving engine (``operator_fits``); the cost model prices each operator family through
+serving engine (its ``operators`` key); the cost model prices each operator family through
 :class:`OperatorFit` and each in-domain all-reduce through :class:`CollectiveCurve`.
 """
 
