@@ -132,18 +132,14 @@ class OperatorFit(Frozen):
         group * group_row_share)``."""
         if not self.group_limit:
             return 1.0, 1.0, 1.0
+        g = np.asarray(group, dtype=float)
+        other = (g > self.group_limit) | (g <= 1.0)
+        out = (np.where(other, g, 1.0),
+               np.where(other, self.group_memory * (1.0 + (g - 1.0) * self.group_reread), 1.0),
+               np.where(other, g * self.group_row_share, 1.0 + (g - 1.0) * self.group_q_rows))
         if isinstance(group, np.ndarray):
-            other = (group > self.group_limit) | (group <= 1.0)
-            return (np.where(other, group, 1.0),
-                    np.where(other, self.group_memory
-                             * (1.0 + (group - 1.0) * self.group_reread), 1.0),
-                    np.where(other, group * self.group_row_share,
-                             1.0 + (group - 1.0) * self.group_q_rows))
-        if 1.0 < group <= self.group_limit:
-            return 1.0, 1.0, 1.0 + (group - 1.0) * self.group_q_rows
-        g = float(group)
-        return (g, self.group_memory * (1.0 + (g - 1.0) * self.group_reread),
-                g * self.group_row_share)
+            return out
+        return float(out[0]), float(out[1]), float(out[2])
 
     def work_scale(self, head_dim: Any) -> Any:
         """Multiplier of an attention operator's FLOPs and bytes for its head dimension."""

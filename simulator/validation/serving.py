@@ -186,17 +186,14 @@ def long_errors(wide: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def _load_label(row: dict[Any, Any]) -> str:
     """How a point was loaded, for the tables' concurrency column: the closed-loop
     concurrency, the Poisson rate (``"2 req/s"``), or ``"offline"`` (all at once)."""
-    if not _missing(row.get("concurrency")):
-        return str(int(row["concurrency"]))
-    if row.get("arrival") == "poisson" and not _missing(row.get("request_rate")):
-        return f"{float(row['request_rate']):g} req/s"
+    concurrency, rate = _num(row, "concurrency"), _num(row, "request_rate")
+    if concurrency is not None:
+        return str(int(concurrency))
+    if row.get("arrival") == "poisson" and rate is not None:
+        return f"{rate:g} req/s"
     return "offline"
 
 
