@@ -92,7 +92,9 @@ class Reference(InstanceCostModel):
         return fit.decode_group(heads / self.kv_heads_per_device)
 
     def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
-        kvh = self.kv_heads_per_device * self._decode_group()[0]
+        # Absorbed MLA attends over one latent head.
+        heads = 1.0 if self.model.attention == "mla" else self.kv_heads_per_device
+        kvh = heads * self._decode_group()[0]
         fit = self._fits.get("attention_decode")
         split = fit.tile_m if fit is not None and fit.tile_m else DECODE_SPLIT_TOKENS
         return (_array_decode_units(seqs, ctx, kvh, split),

@@ -124,9 +124,10 @@ class OperatorPricing:
         return quant
 
     def _decode_row_heads(self, fit: OperatorFit) -> float:
-        """Rows of per-row decode-attention work per sequence, as the fit counts them."""
+        """Rows of per-row decode-attention work per sequence, as the fit counts them (MLA:
+        one latent head)."""
         if fit.row_unit == "kv_head":
-            return float(self.kv_heads_per_device)
+            return 1.0 if self.model.attention == "mla" else float(self.kv_heads_per_device)
         return self.model.num_attention_heads / self.parallelism.tp
 
     def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:

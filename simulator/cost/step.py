@@ -132,7 +132,9 @@ class InstanceCostModel(OperatorPricing):
             DECODE_SPLIT_TOKENS)
         self._decode_rows = self._decode_row_heads(decode) if decode else self._q_heads
         # The decode kernel the engine dispatches for this head layout (OperatorFit.group_limit).
-        self._decode_kvh, self._decode_kv_elems = float(self._kvh), self._kv_elems
+        # Absorbed MLA attends over one latent head shared by all query heads.
+        self._decode_kvh = 1.0 if m.attention == "mla" else float(self._kvh)
+        self._decode_kv_elems = self._kv_elems
         if decode is not None and decode.group_limit and m.attention != "mla":
             heads, kv, rows = decode.decode_group(self._q_heads / self._kvh)
             self._decode_kvh = self._kvh * heads
@@ -152,13 +154,14 @@ class InstanceCostModel(OperatorPricing):
         if gemm is not None:
             for label in ("gemm_attention", "gemm_ffn", "gemm_moe_dense", "lm_head"):
                 out[label] = gemm
-        if self.model.attention != "mla":  # MLA kernels are not in the fitted families
-            # An FP8 KV cache runs kernels of its own, fitted separately where measured.
-            kv8 = "_kv_fp8" if self.precisions.kv_cache == "fp8" else ""
-            for label in ("attention_prefill", "attention_decode"):
-                fit = fits.get(label + kv8) or fits.get(label)
-                if fit is not None:
-                    out[label] = fit
+        # An FP8 KV cache runs kernels of its own, fitted separately where measured; MLA
+        # runs kernels of its own too (the ``*_mla`` families, never the GQA curves).
+        kv8 = "_kv_fp8" if self.precisions.kv_cache == "fp8" else ""
+        mla = "_mla" if self.model.attention == "mla" else ""
+        for label in ("attention_prefill", "attention_decode"):
+            fit = fits.get(label + mla + kv8) or fits.get(label + mla)
+            if fit is not None:
+                out[label] = fit
         moe = fits.get("moe_fp8" if low == "_fp8" else "moe" if not low else "")
         if moe is not None:
             out["moe"] = moe

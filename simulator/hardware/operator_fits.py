@@ -23,8 +23,11 @@ class Frozen(BaseModel):
 
 OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "attention_decode",
                         "attention_prefill_kv_fp8", "attention_decode_kv_fp8",
+                        "attention_prefill_mla", "attention_decode_mla",
+                        "attention_prefill_mla_kv_fp8", "attention_decode_mla_kv_fp8",
                         "moe", "moe_fp8", "elementwise"]
-"""``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit)."""
+"""``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit);
+``*_mla``: multi-head latent attention (DeepSeek-V2/V3), whose kernels are not the GQA ones."""
 
 HEAD_DIM_REF = 128
 """Head dimension at which :attr:`OperatorFit.head_dim_exp` scales nothing."""

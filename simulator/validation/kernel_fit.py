@@ -59,6 +59,7 @@ from simulator.validation.kernel_fit_samples import (
     Samples,
     attention_samples,
     gemm_samples,
+    mla_samples,
     moe_samples,
 )
 
@@ -100,7 +101,7 @@ tiles are chosen."""
 
 
 def tile_choices(op: str) -> tuple[tuple[int, int, bool], ...]:
-    return TILE_CHOICES.get(op.removesuffix("_kv_fp8"), TILE_CHOICES["gemm"])
+    return TILE_CHOICES.get(op.removesuffix("_kv_fp8").removesuffix("_mla"), TILE_CHOICES["gemm"])
 
 
 def _sig(v: float) -> float:
@@ -312,6 +313,10 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
             continue
         used.append(f"{op}/{engine}/{folder.name}")
         samples += reader(folder)
+    folder = _pick_version(base / "mla" / engine, version, "generation_mla_perf.parquet")
+    if folder is not None:
+        used.append(f"mla/{engine}/{folder.name}")
+        samples += mla_samples(folder)
     folder, moe = _moe_version(base / "moe" / engine, version)
     if folder is not None:
         used.append(f"moe/{engine}/{folder.name}")
@@ -339,7 +344,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         if row["kept"]:
             fits[s.op] = fitted
         rows.append(row)
-    rows += [r for base in ("attention_prefill", "attention_decode")
+    rows += [r for base in ("attention_prefill", "attention_decode", "attention_prefill_mla",
+                            "attention_decode_mla")
              if (r := both_kv_row(scored, fits, base, device, engine))]
     source = (f"aiconfigurator-core {package_version(root)} systems/data/{device.kernel_tables}/"
               f"{{{', '.join(used)}}} (fitted by simulator/validation/kernel_fit.py, "

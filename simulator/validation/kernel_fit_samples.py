@@ -136,6 +136,74 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
     return out
 
 
+MLA_LAYOUT = {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+              "v_head_dim": 128, "head_dim": 128}
+"""The multi-head latent attention layout the MLA tables time: DeepSeek-V3's (its 128 query
+heads split over ``tp_size``, the table's ``num_heads`` being one rank's), as AIConfigurator's
+collector builds the layer (ai-dynamo/aiconfigurator collector/trtllm/collect_mla.py:
+``kv_lora_rank`` 512, ``qk_nope_head_dim`` 128, ``qk_rope_head_dim`` 64, ``v_head_dim`` 128;
+prefill runs the heads as plain multi-head attention, decode attends over the 576-wide
+latent, one KV head); ``head_dim`` is the catalog's DeepSeek-V3 entry."""
+
+
+def mla_samples(folder: Path) -> list[Samples]:
+    """Prefill and decode MLA (``context_mla_perf``, ``generation_mla_perf``), each over a
+    BF16 and, where measured, an FP8 KV cache (``attention_*_mla`` and ``*_mla_kv_fp8``).
+
+    The work is what the step model prices for an MLA layer on one rank
+    (:meth:`simulator.cost.step.InstanceCostModel._attention_constants`): decode FLOPs
+    ``2 * heads * (2 * kv_lora_rank + qk_rope_head_dim)`` per context token and the latent
+    read once for all heads; prefill FLOPs ``2 * heads * (qk_nope + qk_rope + v)`` per causal
+    (query, key) pair, the latent written once per token; plus each token's query and output.
+    Decode parallel units are (sequence, split) pairs over the one latent head."""
+    out = []
+    lay = MLA_LAYOUT
+    latent = lay["kv_lora_rank"] + lay["qk_rope_head_dim"]
+    io = lay["qk_nope_head_dim"] + lay["qk_rope_head_dim"] + lay["v_head_dim"]
+    for name, op in (("context_mla_perf.parquet", "attention_prefill_mla"),
+                     ("generation_mla_perf.parquet", "attention_decode_mla")):
+        if not (folder / name).is_file():
+            continue
+        a = plain_attention(pd.read_parquet(folder / name))
+        a = a[a["kv_cache_dtype"].isin(_KV)]
+        shape = ["batch_size", "isl", "step", "num_heads", "kv_cache_dtype"]
+        a = a.groupby(shape)["latency"].min().reset_index()
+        batch, isl, step, heads = (a[c].to_numpy(float) for c in shape[:4])
+        kvb = a["kv_cache_dtype"].map({"bfloat16": 2.0, "fp8": 1.0}).to_numpy(float)
+        per_token_io = heads * io * 2.0
+        kv_rows = None
+        tiles: tuple[np.ndarray, ...]
+        if op == "attention_prefill_mla":
+            pairs = isl * (isl + 1) / 2
+            flops = 2 * heads * io * pairs * batch
+            nbytes = batch * isl * (latent * kvb + per_token_io)
+            kv_bytes = None
+            units, rows = batch * heads, batch * isl * heads
+            tiles = (batch, isl, heads, heads, np.full_like(batch, lay["head_dim"]))
+        else:
+            kv = isl + step
+            flops = 2 * heads * (2 * lay["kv_lora_rank"] + lay["qk_rope_head_dim"]) * kv * batch
+            kv_bytes = batch * kv * latent * kvb
+            nbytes = kv_bytes + batch * per_token_io
+            ones = np.ones_like(batch)
+            units, rows, kv_rows = decode_units(batch, batch * kv, ones), batch * heads, batch
+            tiles = (batch, batch * kv, ones)
+        # The layout key of the GQA families (query heads / KV heads / head dimension):
+        # prefill runs ``heads`` heads of width qk_nope + qk_rope, decode one latent head.
+        width = (f"/{lay['qk_nope_head_dim'] + lay['qk_rope_head_dim']}"
+                 if op == "attention_prefill_mla" else f"/{latent}")
+        kv_key = a["num_heads"].astype(str) if op == "attention_prefill_mla" else "1"
+        keys = a["num_heads"].astype(str) + "/" + kv_key + width
+        whole = Samples(op, "bf16", flops, nbytes, units, rows,
+                        a["latency"].to_numpy(float) * 1e-3, _held_out(keys),
+                        f"{folder}/{name}", kv_rows, tiles, kv_bytes=kv_bytes)
+        fp8 = a["kv_cache_dtype"].to_numpy() == "fp8"
+        for mask, suffix in ((~fp8, ""), (fp8, "_kv_fp8")):
+            if mask.any():
+                out.append(_subset(whole, mask, op + suffix))
+    return out
+
+
 def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
     def cut(x: np.ndarray | None) -> np.ndarray | None:
         return None if x is None else x[mask]
