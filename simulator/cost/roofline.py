@@ -196,7 +196,8 @@ SPLIT_K_TILE = 64
 
 
 def gemm_tiles(groups: Any, m: Any, n: Any, k: Any, tile_m: int, tile_n: int,
-               split_k: bool = False, dispatch: str = "") -> tuple[Any, Any, Any]:
+               split_k: bool = False, dispatch: str = "",
+               full_m: bool = False) -> tuple[Any, Any, Any]:
     """(whole, exact, most split) thread blocks of ``groups`` GEMMs of ``m x n`` outputs over
     depth ``k``: ``groups * ceil(m / tm) * ceil(n / tn)``, the same without rounding up, and
     the most k-slices one tile may be split into (1 without ``split_k``).
@@ -211,13 +212,14 @@ def gemm_tiles(groups: Any, m: Any, n: Any, k: Any, tile_m: int, tile_n: int,
     split-K, CUTLASS stream-K; at least ``SPLIT_K_TILE`` of k per split): counted here
     as more blocks of proportionally less work, see :func:`wave_factor`'s ``sms``.
     ``dispatch`` names a tile table by batch size (:func:`dispatch_tiles`), which replaces
-    ``tile_m x tile_n``.
+    ``tile_m x tile_n``. ``full_m``: the tile keeps its ``tile_m`` rows for small ``m`` too
+    (FlashInfer's CUTLASS grouped MoE GEMM on Hopper, ``OperatorFit.moe_kernel``).
     """
     tn: Any = tile_n
     if dispatch and tile_n:
         tm, tn = dispatch_tiles(m, dispatch)
     else:
-        tm = tile_m_for(m, tile_m) if tile_n else tile_m
+        tm = tile_m_for(m, tile_m) if tile_n and not full_m else tile_m
     m = _max(m, 1e-9)
     cols = n / tn if tile_n else n
     whole = groups * _ceil(m / tm) * (_ceil(cols) if tile_n else cols)
@@ -271,8 +273,16 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
         # the factor is waves * SMs / exact blocks (the same floats in fewer array passes).
         return _ceil(_max(whole, 1.0) / sms) * sms / _max(exact, 1e-9)
     groups, m, n, k = shape
+    if fit.moe_kernel:  # gate+up (n columns over k) and down (k columns over n / 2)
+        gate_up = _gemm_quantisation(fit, groups, m, n, k, sms)
+        return (2.0 * gate_up + _gemm_quantisation(fit, groups, m, k, n / 2.0, sms)) / 3.0
+    return _gemm_quantisation(fit, groups, m, n, k, sms)
+
+
+def _gemm_quantisation(fit: OperatorFit, groups: Any, m: Any, n: Any, k: Any, sms: int) -> Any:
+    """:func:`wave_factor` of ``groups`` GEMMs of ``m x n`` over ``k`` under ``fit``'s tiles."""
     whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k,
-                                         fit.tile_dispatch)
+                                         fit.tile_dispatch, bool(fit.moe_kernel))
     overhead = fit.tile_k0 / _max(k, 1.0) if fit.tile_k0 else 0.0
     return wave_factor(whole, exact, sms, max_split, overhead)
 
@@ -313,12 +323,21 @@ def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | N
         exact = kv_heads * float(max(seqs, ctx / fit.tile_m))
         return float(math.ceil(max(whole, 1.0) / sms)) * sms / max(exact, 1e-9)
     groups, m, n, k = shape
+    if fit.moe_kernel:  # as quantisation: gate+up, then down, weighted by FLOPs
+        gate_up = _scalar_gemm_quantisation(fit, groups, m, n, k, sms)
+        return (2.0 * gate_up + _scalar_gemm_quantisation(fit, groups, m, k, n / 2.0, sms)) / 3.0
+    return _scalar_gemm_quantisation(fit, groups, m, n, k, sms)
+
+
+def _scalar_gemm_quantisation(fit: OperatorFit, groups: float, m: float, n: float, k: float,
+                              sms: int) -> float:
+    """:func:`_gemm_quantisation` on plain floats, the same operations in the same order."""
     tile_m, tile_n = fit.tile_m, fit.tile_n
     tm: float = tile_m
     tn: float = tile_n
     if tile_n and fit.tile_dispatch:  # gemm_tiles with a dispatch table
         tm, tn = dispatch_tiles(m, fit.tile_dispatch)
-    elif tile_n:  # tile_m_for
+    elif tile_n and not fit.moe_kernel:  # tile_m_for
         pow2 = 2.0 ** math.ceil(math.log2(float(max(m, 1.0))))
         tm = float(min(float(max(pow2, min(MIN_TILE_M, tile_m))), tile_m))
     m = float(max(m, 1e-9))

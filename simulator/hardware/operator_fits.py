@@ -84,6 +84,16 @@ class OperatorFit(Frozen):
         "GEMM: the tile shape follows the kernel library's dispatch by batch size "
         "(simulator.cost.roofline.TILE_DISPATCH: vLLM's and SGLang's CUTLASS FP8 scaled-MM "
         "configs for Hopper) instead of one `tile_m` x `tile_n` (which then only switch tiling on)."))
+    moe_kernel: Literal["", "flashinfer_cutlass_sm90"] = Field("", description=(
+        "Grouped MoE GEMM: how the expert GEMMs are tiled. '' (default): the gate+up GEMM "
+        "(2 x intermediate columns over the hidden size) stands for both, with the tile along "
+        "the tokens following their next power of two (simulator.cost.roofline.tile_m_for). "
+        "`flashinfer_cutlass_sm90`: FlashInfer's CUTLASS fused MoE on Hopper (vLLM's "
+        "FlashInferExperts, which the FP8 per-tensor experts run there): every expert's tiles "
+        "keep their full `tile_m` token rows however few tokens it holds (its grouped SM90 "
+        "tiles are 128x16 ... 128x256 and 256x128; flashinfer csrc/nv_internal/tensorrt_llm/"
+        "kernels/cutlass_kernels/cutlass_heuristic.cpp `get_candidate_tiles_sm90`), and the "
+        "gate+up and down GEMMs are tiled each, their multipliers weighted by FLOPs (2/3, 1/3)."))
     pack_gqa: bool = Field(False, description=(
         "Prefill attention: the query heads sharing a KV head are packed into one block's "
         "rows (FlashAttention-3 PackGQA; simulator.cost.roofline.prefill_tiles)."))

@@ -85,6 +85,20 @@ DISPATCH_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 choose instead of one tile size, with or without split-K, on its training shapes only: the
 engine's own Hopper kernel dispatch, offered on Hopper tables (:data:`HOPPER_TABLES`) only."""
 HOPPER_TABLES = ("h100_sxm", "h200_sxm")
+MOE_KERNEL_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("vllm", "moe_fp8"): ("flashinfer_cutlass_sm90",)}
+"""Grouped MoE kernels (``OperatorFit.moe_kernel``) an engine's MoE family may choose instead
+of the power-of-two tiles of one gate+up GEMM, on Hopper tables only and on its training
+shapes only. vLLM 0.24.0 runs its FP8 per-tensor experts on Hopper with FlashInfer's CUTLASS
+fused MoE (the tables' ``kernel_source`` ``vllm_modeloptfp8moe_flashinfer_cutlass_
+flashinferexperts``; its BF16 experts run the Triton fused-MoE kernel)."""
+MOE_KERNEL_TILES: dict[str, tuple[tuple[int, int], ...]] = {
+    "flashinfer_cutlass_sm90": ((128, 64), (128, 128), (128, 256), (256, 128))}
+"""``tile_m x tile_n`` each grouped MoE kernel may choose: FlashInfer's grouped SM90 candidates
+(flashinfer csrc/nv_internal/tensorrt_llm/kernels/cutlass_kernels/cutlass_heuristic.cpp
+``get_candidate_tiles_sm90``: 128 x {16, 32, 64, 128, 256} and 256 x 128) with ``tile_n`` at
+least 64 (128 x 16 and 128 x 32 were offered on H100 and not chosen). No split-K: the grouped
+kernel has none."""
 GROUP_LIMIT_CHOICES: dict[str, tuple[int, ...]] = {"trtllm": (8, 16, 32, 64)}
 """Group limits (``OperatorFit.group_limit``) an engine's decode-attention fit may choose,
 on its training shapes only, against none: TensorRT-LLM's XQA kernels take up to 32 query
@@ -124,7 +138,8 @@ def _exp(v: float) -> float:
 
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
-            pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0) -> OperatorFit:
+            pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
+            moe_kernel: str = "") -> OperatorFit:
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
@@ -140,7 +155,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
                        split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
                        pack_gqa=pack_gqa and bool(tile_m),
-                       tile_dispatch=dispatch if tile_n else "")
+                       tile_dispatch=dispatch if tile_n else "",
+                       moe_kernel=moe_kernel if tile_n else "")
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -152,7 +168,8 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
                        tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
                        head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
-                       tile_dispatch=f.tile_dispatch, group_limit=f.group_limit,
+                       tile_dispatch=f.tile_dispatch, moe_kernel=f.moe_kernel,
+                       group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
                        group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
                        row_overlap=round(f.row_overlap, 4) if f.group_limit else 0.0,
@@ -162,25 +179,27 @@ def _rounded(f: OperatorFit) -> OperatorFit:
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
-        dispatch: str = "", group_limit: int = 0, overlap: bool = True) -> OperatorFit:
+        dispatch: str = "", group_limit: int = 0, overlap: bool = True,
+        moe_kernel: str = "") -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing; decode attention with a group limit with or without ``overlap``
-    (``row_overlap``, ``group_memory``, ``group_q_rows``; without: 0, 1, 0)."""
+    (``row_overlap``, ``group_memory``, ``group_q_rows``; without: 0, 1, 0); a MoE family
+    with a grouped kernel (``moe_kernel``, :data:`MOE_KERNEL_CHOICES`)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f = samples.flops[idx]
     u, q = _work(samples, _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0,
-                                  pack_gqa, dispatch, group_limit), device, idx)
+                                  pack_gqa, dispatch, group_limit, moe_kernel), device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.decode  # see the note above _to_fit
     hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
-                        group_limit)
+                        group_limit, moe_kernel)
         s = model.work_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
         return np.log(model.seconds(peak, bw, f * s, b * s, u, r, q)) - log_t
@@ -212,11 +231,12 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
-                            tile_k0, pack_gqa, dispatch, group_limit))
+                            tile_k0, pack_gqa, dispatch, group_limit, moe_kernel))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
-               group_limits: tuple[int, ...] = ()) -> tuple[Samples, OperatorFit]:
+               group_limits: tuple[int, ...] = (),
+               moe_kernels: tuple[str, ...] = ()) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -225,7 +245,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     kept (held-out shapes never choose). ``dispatches`` are the tile dispatch tables it may
     also choose (:data:`DISPATCH_CHOICES`); ``group_limits`` the decode-attention group
     limits (:data:`GROUP_LIMIT_CHOICES`), each fitted with the chosen tiles and then every
-    tile choice refitted with the best limit.
+    tile choice refitted with the best limit; ``moe_kernels`` the grouped MoE kernels
+    (:data:`MOE_KERNEL_CHOICES`), each with its own tiles (:data:`MOE_KERNEL_TILES`), which
+    compete like a dispatch table.
     """
     variants = [(family, "query_head")]
     if family.kv_rows is not None:
@@ -272,15 +294,19 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             table = [fit(family, device, 128, 128, split_k, 0, dispatch=dispatch)
                      for split_k in (False, True)]  # tile_m/n only switch tiling on
             candidates.append(min(table, key=lambda f: training_ape(family, device, f)))
+        for kernel in moe_kernels:
+            table = [fit(family, device, tile_m, tile_n, moe_kernel=kernel)
+                     for tile_m, tile_n in MOE_KERNEL_TILES[kernel]]
+            candidates.append(min(table, key=lambda f: training_ape(family, device, f)))
     for chosen in candidates:
         if chosen is not best[2]:
             consider(family, chosen.row_unit, chosen)
         if chosen.tile_n:
             for k0 in K0_CHOICES[1:]:
-                samples = family if chosen.tile_dispatch else best[1]
+                samples = family if chosen.tile_dispatch or chosen.moe_kernel else best[1]
                 consider(samples, chosen.row_unit, fit(
                     samples, device, chosen.tile_m, chosen.tile_n, chosen.split_k, k0,
-                    chosen.pack_gqa, chosen.tile_dispatch))
+                    chosen.pack_gqa, chosen.tile_dispatch, moe_kernel=chosen.moe_kernel))
     return best[1], best[2]
 
 
@@ -335,7 +361,9 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         dispatches = (DISPATCH_CHOICES.get((engine, family.op), ())
                       if device.kernel_tables in HOPPER_TABLES else ())
         limits = GROUP_LIMIT_CHOICES.get(engine, ()) if family.decode else ()
-        s, fitted = fit_family(family, device, dispatches, limits)
+        moe_kernels = (MOE_KERNEL_CHOICES.get((engine, family.op), ())
+                       if device.kernel_tables in HOPPER_TABLES else ())
+        s, fitted = fit_family(family, device, dispatches, limits, moe_kernels)
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         # Keep a fit only where it beats the device-wide constants on the shapes it was

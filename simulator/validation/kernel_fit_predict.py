@@ -103,6 +103,8 @@ def tile_label(fitted: OperatorFit) -> str:
     size = f"{fitted.tile_m}x{fitted.tile_n}" if fitted.tile_n else f"{fitted.tile_m}"
     if fitted.tile_dispatch:
         size = fitted.tile_dispatch
+    if fitted.moe_kernel:
+        size = f"{fitted.moe_kernel} {size}"
     return (size + ("+split-K" if fitted.split_k else "") + ("+packGQA" if fitted.pack_gqa else "")
             + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
 
