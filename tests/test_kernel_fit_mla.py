@@ -141,3 +141,26 @@ def test_the_shipped_trtllm_mla_fits_price_h100_deepseek_v3_at_tp8() -> None:
         errors.append(max(compute, memory) * 1e6 / measured_us - 1)
     assert float(np.median(np.abs(errors))) < 0.15, errors
     assert max(np.abs(errors)) < 0.35, errors
+
+
+def test_mla_verify_chunks_run_the_decode_kernel() -> None:
+    """A speculative verify (MTP: the last token and one draft per sequence) of an MLA model
+    attends over the latent as a decode step does; a prompt without a cached context still
+    runs the prefill kernel."""
+    from simulator.cost.speculative import verify_batch
+
+    fits = {"attention_decode_mla": MLA, "attention_prefill_mla": MLA_FP8}
+    ds = _model("DeepSeek-V3", fits)
+    seqs, ctx = 64, 64 * 2000
+    verify = ds.breakdown(verify_batch(ctx, seqs, 1))
+    decode = ds.breakdown(BatchShape.decode(seqs, ctx))
+    assert verify.get("attention_prefill", 0.0) == 0.0
+    # Two query tokens per sequence over the same latent: more than one decode step's
+    # attention, less than two.
+    assert decode["attention_decode"] < verify["attention_decode"] < 2 * decode["attention_decode"]
+    prompt = ds.breakdown(BatchShape.prefill(12))
+    assert prompt["attention_prefill"] > 0.0
+    assert prompt.get("attention_decode", 0.0) == 0.0
+    # A GQA model's verify stays a prefill chunk.
+    llama = _model("Llama-3.1-70B", {"attention_prefill": GQA, "attention_decode": GQA})
+    assert llama.breakdown(verify_batch(ctx, seqs, 1))["attention_prefill"] > 0.0

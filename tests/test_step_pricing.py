@@ -209,14 +209,27 @@ class Reference(InstanceCostModel):
 
     def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
         heads = self.model.num_attention_heads / self.parallelism.tp
-        if b.prefill_tokens:
+        fit = self._fits.get("attention_decode")
+        if (b.prefill_tokens and self.model.attention == "mla"
+                and 0 < b.prefill_max_tokens <= 16 and b.prefill_kv_tokens > b.prefill_tokens):
+            # MLA verify chunks on the decode kernel: each (query, key) pair at the absorbed cost.
+            per_pair, _ = self._decode_attention_work(0, 1.0)
+            _, kv_bytes = self._decode_attention_work(0, float(b.prefill_kv_tokens))
+            io = b.prefill_tokens * (self.model.q_width + self.model.attn_out_width) / \
+                self.parallelism.tp * self._ab
+            units, quant = self._decode_units(b.prefill_seqs, b.prefill_kv_tokens)
+            q = (b.prefill_tokens / b.prefill_seqs
+                 if fit is not None and fit.row_unit == "query_head" else 1.0)
+            rows = b.prefill_seqs * q * (self._decode_row_heads(fit) if fit else heads)
+            self._op(acc, float(per_pair * b.prefill_attn_pairs), float(kv_bytes + io), 1, count,
+                     "attention_decode", b, float(units), rows, float(quant))
+        elif b.prefill_tokens:
             flops, nbytes, units, quant = self._prefill_attention_op(b)
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
                      float(units), b.prefill_tokens * heads, float(quant))
         if b.decode_seqs and decode:
             flops, nbytes, units, quant = self._decode_attention_op(b.decode_seqs,
                                                                     b.decode_ctx_tokens)
-            fit = self._fits.get("attention_decode")
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
                      float(units), b.decode_seqs * (self._decode_row_heads(fit)
                                                     * self._decode_group()[2] if fit else heads),

@@ -34,6 +34,10 @@ from simulator.models.arch import ModelConfig
 
 QUANT_MEMO_SIZE = 65536
 """Remembered tile/wave multipliers per instance before the memo starts over."""
+MLA_DECODE_PATH_TOKENS = 16
+"""Query tokens per sequence up to which an MLA model's chunks on a cached context run the
+engine's MLA decode kernel (:meth:`OperatorPricing._mla_decode_path`): a speculative verify
+of up to 15 drafts."""
 
 
 class OperatorPricing:
@@ -326,8 +330,38 @@ class OperatorPricing:
         if t > 1:
             self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
 
+    def _mla_decode_path(self, b: BatchShape) -> bool:
+        """Whether the step's prefill chunks run the engine's MLA *decode* kernel: an MLA
+        model's chunks of at most :data:`MLA_DECODE_PATH_TOKENS` query tokens on a cached
+        context (speculative verification, MTP). The engines attend those over the latent
+        as they decode: vLLM's FlashMLA backend sends query lengths up to 128 down its
+        decode path (``vllm/v1/attention/backends/mla/flashmla.py``,
+        ``FlashMLAMetadataBuilder.reorder_batch_threshold``), SGLang runs its target-verify
+        batches on the decode attention backend, TensorRT-LLM its MTP drafts in the
+        generation phase; the non-absorbed prefill form would up-project the whole cached
+        latent for a few query rows."""
+        return (self.model.attention == "mla"
+                and 0 < b.prefill_max_tokens <= MLA_DECODE_PATH_TOKENS
+                and b.prefill_kv_tokens > b.prefill_tokens)
+
+    def _mla_chunks_on_decode_op(self, b: BatchShape) -> tuple[float, float, float, float, float]:
+        """FLOPs, bytes, units, per-row work and FLOPs multiplier of MLA chunks on the decode
+        kernel (:meth:`_mla_decode_path`): every (query, key) pair of the chunks at the
+        absorbed decode cost, the latent of each sequence read once for its query tokens."""
+        seqs, tokens = b.prefill_seqs, b.prefill_tokens
+        flops = self._decode_per_ctx * b.prefill_attn_pairs
+        nbytes = (b.prefill_kv_tokens * self._decode_kv_elems * self._kvb
+                  + tokens * self._attn_io * self._ab)
+        units, quant = self._decode_units(seqs, b.prefill_kv_tokens)
+        fit = self._fits.get("attention_decode")
+        per_seq = tokens / seqs if fit is not None and fit.row_unit == "query_head" else 1.0
+        return flops, nbytes, float(units), seqs * per_seq * self._decode_rows, float(quant)
+
     def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
-        if b.prefill_tokens:
+        if b.prefill_tokens and self._mla_decode_path(b):
+            flops, nbytes, units, rows, quant = self._mla_chunks_on_decode_op(b)
+            self._op(acc, flops, nbytes, 1, count, "attention_decode", b, units, rows, quant)
+        elif b.prefill_tokens:
             flops, nbytes, units, quant = self._prefill_attention_op(b)
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
                      float(units), b.prefill_tokens * self._q_heads, float(quant))
