@@ -20,7 +20,14 @@ the weighted expert outputs back (combine). DeepEP (deepseek-ai/DeepEP, README
 The measured bandwidths are the curve; they are scaled by the ratio of the scenario's
 link bandwidth to the 50 GB/s NIC they were measured on. The README figures are per-size
 points, not a fit, so EP sizes between them interpolate on log2(EP) and sizes outside are
-clamped. Within one node both kernels run on NVLink at the link's effective bandwidth.
+clamped. Within one node both kernels run on NVLink at the link's effective bandwidth,
+unless the group carries the device's measured kernels (:class:`DeepEPFits`, fitted by
+:mod:`simulator.validation.deepep_fit` on NVIDIA AIConfigurator's single-node DeepEP tables,
+EP 8): then the NVLink leg is priced as measured, with a fixed latency (tens of us) and the
+low-latency kernels' throughput limited by the SMs they launch (one per expert group,
+:func:`low_latency_sms`). Across nodes the RDMA model above stands; the measured NVLink leg
+is its floor (a group spanning nodes never exchanges faster than one NVLink domain would),
+and for the normal kernels it prices the NVLink forwarding leg.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from simulator.hardware.operator_fits import DeepEPCost, DeepEPFits
 from simulator.hardware.profiles import LinkProfile
 
 DeepEPKernel = Literal["normal", "low_latency"]
@@ -82,12 +90,19 @@ class EPGroup:
     max_nodes_per_token: int | None = None
     """Group-limited routing: a token's experts lie on at most this many nodes
     (DeepSeek-V3 ``topk_group: 4``); None = unrestricted top-k."""
+    measured: DeepEPFits | None = None
+    """The device's DeepEP kernels measured inside one NVLink domain (None: the NVLink
+    leg runs at the scale-up link's effective bandwidth)."""
+    sm_count: int | None = None
+    """SMs per device (the low-latency kernels' launch size); needed with ``measured``."""
 
     def __post_init__(self) -> None:
         if self.ranks < 1 or self.ranks_per_node < 1:
             raise ValueError("an EP group needs >= 1 rank and >= 1 rank per node")
         if self.nodes > 1 and self.rdma is None:
             raise ValueError(f"an EP group over {self.nodes} nodes needs a scale-out link")
+        if self.measured is not None and not self.sm_count:
+            raise ValueError("measured DeepEP kernels need the device's sm_count")
 
     @property
     def nodes(self) -> int:
@@ -115,6 +130,40 @@ def deepep_kernel(mode: DeepEPMode, prefill_tokens: int) -> DeepEPKernel:
     return mode
 
 
+def low_latency_sms(experts: int, sm_count: int) -> int:
+    """SMs DeepEP's low-latency dispatch and combine launch: one warp group per expert,
+    ``ceil(experts / sm_count)`` groups per SM, so ``ceil(experts / groups)`` SMs
+    (deepseek-ai/DeepEP csrc/kernels/internode_ll.cu, host launchers of ``dispatch`` and
+    ``combine``): 8 experts run on 8 SMs, 256 on 128 of an H100's 132."""
+    groups = -(-experts // sm_count)
+    return -(-experts // groups)
+
+
+def payload_bytes(phase: Literal["dispatch", "combine"], hidden: int) -> float:
+    """Bytes of one token copy: FP8 with one fp32 scale per 128 channels for dispatch,
+    BF16 for combine."""
+    return hidden + 4 * hidden / FP8_SCALE_BLOCK if phase == "dispatch" else 2.0 * hidden
+
+
+def nvlink_copies(kernel: DeepEPKernel, ranks: int, experts: int, top_k: int) -> float:
+    """Remote copies of one token inside an NVLink domain of ``ranks``: the low-latency
+    kernels send one per selected expert, the normal kernels one per distinct rank
+    (expected under uniform routing); the copy to the token's own rank stays local."""
+    group = EPGroup(ranks, ranks, None, None)
+    per_token = float(top_k) if kernel == "low_latency" else group.ranks_per_token(experts, top_k)
+    return per_token * (ranks - 1) / ranks
+
+
+def _measured(cost: DeepEPCost, kernel: DeepEPKernel, group: EPGroup, tokens: float,
+              hidden: int, width: float, copies: float, experts: int, hottest: float) -> float:
+    """Seconds of the measured NVLink kernel for ``copies`` remote copies per token."""
+    assert group.measured is not None
+    assert group.sm_count is not None
+    sms = (low_latency_sms(experts, group.sm_count) if kernel == "low_latency"
+           else group.measured.normal_sms)
+    return float(cost.seconds(tokens, width, copies, hidden, experts, sms, hottest))
+
+
 def _scaled(gb_per_s: float, link: LinkProfile) -> float:
     return gb_per_s * 1e9 * link.bandwidth_gb_per_s / _MEASURED_NIC_GB_PER_S
 
@@ -130,7 +179,18 @@ def alltoall_seconds(phase: Literal["dispatch", "combine"], kernel: DeepEPKernel
     """
     if group.ranks <= 1 or tokens_per_rank <= 0:
         return 0.0
-    width = hidden + 4 * hidden / FP8_SCALE_BLOCK if phase == "dispatch" else 2 * hidden
+    width = payload_bytes(phase, hidden)
+    measured = getattr(group.measured, kernel)[phase] if group.measured is not None else None
+    in_domain = min(group.ranks, group.ranks_per_node)
+    nvl_floor = 0.0
+    if measured is not None and in_domain > 1:
+        # The NVLink leg as measured: the whole exchange in one domain, else the floor of
+        # the one across nodes (the same tokens never cost less over more ranks).
+        nvl_floor = _measured(measured, kernel, group, tokens_per_rank, hidden, width,
+                              nvlink_copies(kernel, in_domain, experts, top_k), experts,
+                              hottest_factor)
+        if group.nodes == 1:
+            return nvl_floor
     if group.nodes == 1:
         link = group.nvlink or group.rdma
         assert link is not None
@@ -146,18 +206,24 @@ def alltoall_seconds(phase: Literal["dispatch", "combine"], kernel: DeepEPKernel
     if kernel == "low_latency":
         # Every (token, expert) copy goes out directly; the measured curve is logical bytes.
         nbytes = tokens_per_rank * top_k * width * hottest_factor
-        return fixed + nbytes / _scaled(_curve(_LOW_LATENCY[phase], group.ranks), rdma)
+        return max(fixed + nbytes / _scaled(_curve(_LOW_LATENCY[phase], group.ranks), rdma),
+                   nvl_floor)
     # Normal: one RDMA copy per remote node reached, then NVLink forwarding in the node.
     nodes = group.nodes_per_token(experts, top_k)
     remote = nodes * (group.nodes - 1) / group.nodes
     rdma_s = tokens_per_rank * remote * width * hottest_factor / _scaled(
         _curve(_NORMAL_RDMA[phase], group.ranks), rdma)
     nvl_s = 0.0
-    if group.nvlink is not None:
-        per_node = group.ranks_per_token(experts, top_k) / max(nodes, 1.0)
+    per_node = group.ranks_per_token(experts, top_k) / max(nodes, 1.0)
+    if measured is not None and in_domain > 1:
+        # NVLink forwarding as measured (its fixed latency is the floor below).
+        nvl_s = _measured(measured, kernel, group, tokens_per_rank, hidden, width,
+                          nodes * per_node, experts, hottest_factor) - \
+            _measured(measured, kernel, group, 0.0, hidden, width, 0.0, experts, 1.0)
+    elif group.nvlink is not None:
         nvl_s = tokens_per_rank * nodes * per_node * width * hottest_factor / \
             group.nvlink.effective_bandwidth
-    return fixed + max(rdma_s, nvl_s)
+    return max(fixed + max(rdma_s, nvl_s), nvl_floor)
 
 
 def moe_exchange_seconds(kernel: DeepEPKernel, tokens_per_rank: float, hidden: int,

@@ -8,7 +8,7 @@ docs/hardware.md (efficiency factors and per-operator fits).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -101,6 +101,10 @@ class InstanceCostModel(OperatorPricing):
         self._fits = self._operator_fits() if self.fitted else {}
         self._attention_constants()
         self._ar_curves = dev.allreduce_curves(self.engine) if self.fitted else {}
+        if (self.fitted and dev.deepep is not None and self.ep_group is not None
+                and self.ep_group.measured is None and dev.sm_count):
+            # The device's measured DeepEP kernels price the NVLink leg (cost/moe_comm.py).
+            self.ep_group = replace(self.ep_group, measured=dev.deepep, sm_count=dev.sm_count)
         self._ar_knots = {ranks: c.log_knots() for ranks, c in self._ar_curves.items()}
         self._peak16 = dev.peak_flops("bf16")
         # (n, k) of each GEMM per device, for predictors that look shapes up in tables.

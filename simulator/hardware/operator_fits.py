@@ -241,3 +241,63 @@ class OperatorFits(Frozen):
     fits: dict[OperatorClass, OperatorFit] = Field(description="Constants per operator family.")
     allreduce: list[CollectiveCurve] = Field(default_factory=list, description=(
         "The engine's all-reduce inside one scale-up domain, per group size."))
+
+
+DeepEPPhase = Literal["dispatch", "combine"]
+
+
+class DeepEPCost(Frozen):
+    """Measured time of one DeepEP dispatch or combine inside one NVLink domain.
+
+    For ``T`` tokens on every rank, each sent as ``c`` remote copies of ``w`` bytes
+    (:func:`simulator.cost.moe_comm.alltoall_seconds` counts them), a model with ``E``
+    routed experts and hidden size ``H``, on a kernel spread over ``S`` SMs::
+
+        t = floor + E * expert_ns + H * channel_ns                      # latency
+            + T * c * w * (1 / copy_bw + 1 / (S * sm_bw))               # copies sent
+            + T * w / token_bw                                          # each token once
+
+    A rate of 0 switches its term off.
+    """
+
+    floor_us: float = Field(ge=0, description="Fixed latency of the kernel, microseconds.")
+    expert_ns: float = Field(0.0, ge=0, description=(
+        "Latency per routed expert of the model, nanoseconds (the low-latency kernels "
+        "signal a token count to, and wait on one from, every expert)."))
+    channel_ns: float = Field(0.0, ge=0, description=(
+        "Latency per hidden channel, nanoseconds (one token's trip through the kernel)."))
+    copy_gb_per_s: float = Field(0.0, ge=0, description=(
+        "Rate of the remote copies' bytes, GB/s (0: off)."))
+    sm_gb_per_s: float = Field(0.0, ge=0, description=(
+        "Rate of the remote copies' bytes per SM the kernel runs on, GB/s (0: off; the "
+        "low-latency kernels launch one block per expert group, see "
+        ":func:`simulator.cost.moe_comm.low_latency_sms`)."))
+    token_gb_per_s: float = Field(0.0, ge=0, description=(
+        "Rate of each token's bytes read once on its own rank, GB/s (0: off)."))
+    rows: int = Field(0, ge=0, description="Measured points the constants were fitted on.")
+
+    def seconds(self, tokens: Any, width: Any, copies: Any, hidden: Any, experts: Any,
+                sms: Any = 1.0, hottest: Any = 1.0) -> Any:
+        """Seconds for ``tokens`` per rank (floats or numpy arrays); ``hottest`` stretches the
+        copies the busiest rank receives."""
+        fixed = (self.floor_us + (self.expert_ns * experts + self.channel_ns * hidden) * 1e-3)
+        sent = tokens * copies * width * hottest
+        per_byte = (1.0 / (self.copy_gb_per_s * 1e9) if self.copy_gb_per_s else 0.0)
+        out = fixed * 1e-6 + sent * per_byte
+        if self.sm_gb_per_s:
+            out = out + sent / (sms * self.sm_gb_per_s * 1e9)
+        if self.token_gb_per_s:
+            out = out + tokens * width / (self.token_gb_per_s * 1e9)
+        return out
+
+
+class DeepEPFits(Frozen):
+    """DeepEP's dispatch and combine on one device, measured inside one NVLink domain."""
+
+    source: str = Field(description="Package, version and tables the constants come from.")
+    ranks: int = Field(ge=2, description="EP ranks of the measured group.")
+    normal_sms: int = Field(ge=2, description=(
+        "SMs of the measured normal kernels: DeepEP's default (deep_ep/buffer.py "
+        "`Buffer.num_sms = 20`), which SGLang keeps without --deepep-config."))
+    low_latency: dict[DeepEPPhase, DeepEPCost] = Field(description="Low-latency kernels.")
+    normal: dict[DeepEPPhase, DeepEPCost] = Field(description="Normal (high-throughput) kernels.")

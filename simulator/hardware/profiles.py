@@ -12,7 +12,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit, OperatorFits
+from simulator.hardware.operator_fits import (
+    CollectiveCurve,
+    DeepEPFits,
+    OperatorFit,
+    OperatorFits,
+)
 from simulator.hardware.operator_fits import Frozen as _Frozen
 from simulator.units import GIB, Precision
 
@@ -121,6 +126,10 @@ class DeviceProfile(_Frozen):
         "Per-operator roofline constants fitted on measured kernel tables, per serving engine "
         "(`vllm`, `trtllm`, `sglang`; other engines use vLLM's). Operators without a fit use "
         "`efficiency` and `kernel_launch_us`."))
+    deepep: DeepEPFits | None = Field(None, description=(
+        "DeepEP dispatch and combine measured inside one NVLink domain (both kernel "
+        "families); with `cost.predictor: fitted` they price the NVLink leg of the MoE "
+        "all-to-all instead of the scale-up link's bandwidth (simulator/cost/moe_comm.py)."))
 
     def operator_fits(self, engine: str | None) -> dict[str, OperatorFit]:
         """The fits for ``engine`` (else vLLM's, else the first listed), or none."""
