@@ -51,7 +51,7 @@ DEVICE_MIB = {
 }
 """Total memory NVML reports per GPU (MiB), what ``get_device_memory`` reads."""
 
-FILES = ("serving_trtllm_llama8b.csv", "serving_trtllm_dense.csv")
+FILES = ("serving_trtllm_llama8b.csv", "serving_trtllm_dense.csv", "serving_trtllm_fp4.csv")
 
 
 def checkpoint_elements(model: ModelConfig, weights: str) -> int:
