@@ -40,6 +40,17 @@ def tables_root() -> Path | None:
     return root if root.is_dir() else None
 
 
+def devices_with_tables(root: Path, names: list[str] | None,
+                        need_sms: bool = False) -> list[DeviceProfile]:
+    """The device profiles ``names`` (default: every profile naming a ``kernel_tables``
+    system) whose system ``root`` holds; with ``need_sms``, those with an ``sm_count``."""
+    from simulator.hardware.registry import device_names, load_device
+
+    devices = [load_device(n) for n in names or device_names()]
+    return [d for d in devices if d.kernel_tables is not None
+            and (root / d.kernel_tables).is_dir() and (d.sm_count or not need_sms)]
+
+
 def package_version(root: Path | None = None) -> str:
     """Version of the package holding ``root`` (an unpacked wheel), else of the installed one."""
     if root is not None:

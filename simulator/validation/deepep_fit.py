@@ -42,8 +42,13 @@ from simulator.cost.moe_comm import (
 )
 from simulator.hardware.operator_fits import DeepEPCost, DeepEPFits
 from simulator.hardware.profiles import DeviceProfile
-from simulator.hardware.registry import device_names, load_device, load_link, profiles_dir
-from simulator.runner.kernel_tables import _pick_version, package_version, tables_root
+from simulator.hardware.registry import load_device, load_link, profiles_dir
+from simulator.runner.kernel_tables import (
+    _pick_version,
+    devices_with_tables,
+    package_version,
+    tables_root,
+)
 from simulator.validation.calibrate import levenberg_marquardt
 
 RANKS = 8
@@ -223,13 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     root = args.data or tables_root()
     if root is None:
         sys.exit("deepep_fit needs the tables: pip install 'disagg-sim[kernels]' or --data DIR")
-    names = args.device or [n for n in device_names() if load_device(n).kernel_tables]
     table: list[dict[str, Any]] = []
-    for name in names:
-        device = load_device(name)
-        if (device.kernel_tables is None or not device.sm_count
-                or not (root / device.kernel_tables).is_dir()):
-            continue
+    for device in devices_with_tables(root, args.device, need_sms=True):
         found = fit_device(root, device, args.version)
         if found is None:
             continue

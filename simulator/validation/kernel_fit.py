@@ -36,10 +36,10 @@ import numpy as np
 
 from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit
 from simulator.hardware.profiles import DeviceProfile
-from simulator.hardware.registry import device_names, load_device
 from simulator.runner.kernel_tables import (
     _pick_version,
     _version_key,
+    devices_with_tables,
     package_version,
     tables_root,
 )
@@ -399,23 +399,17 @@ def main(argv: list[str] | None = None) -> None:
     root = args.data or tables_root()
     if root is None:
         sys.exit("kernel_fit needs the tables: pip install 'disagg-sim[kernels]' or --data DIR")
-    names = args.device or [n for n in device_names() if load_device(n).kernel_tables]
     table: list[dict[str, Any]] = []
-    for name in names:
-        device = load_device(name)
-        if device.kernel_tables is None or not (root / device.kernel_tables).is_dir():
-            continue
+    for device in devices_with_tables(root, args.device):
         fits, curves, rows, source = fit_device(root, device, args.engine, args.version)
         table += rows
         if args.write and (fits or curves):
             path = write_profile(device, fits, curves, args.engine, source)
             print(f"wrote {path}", file=sys.stderr)
     if args.interpolation:
-        for name in names:
-            device = load_device(name)
-            if device.kernel_tables and (root / device.kernel_tables).is_dir():
-                for row in interpolation_errors(root, device, args.engine, args.version):
-                    print(row)
+        for device in devices_with_tables(root, args.device):
+            for row in interpolation_errors(root, device, args.engine, args.version):
+                print(row)
     if args.json:  # one list per engine; a file holding other engines keeps them
         old = json.loads(args.json.read_text()) if args.json.is_file() else {}
         merged = old if isinstance(old, dict) else {}
