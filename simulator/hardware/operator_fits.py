@@ -84,11 +84,29 @@ class OperatorFit(Frozen):
     pack_gqa: bool = Field(False, description=(
         "Prefill attention: the query heads sharing a KV head are packed into one block's "
         "rows (FlashAttention-3 PackGQA; simulator.cost.roofline.prefill_tiles)."))
+    causal_tail: float = Field(0.0, ge=0, le=2, description=(
+        "Prefill attention (0: off): the causal tiles of a persistent scheduler. A query "
+        "block of a causal prompt reads the keys up to its own rows, so the last block of a "
+        "sequence does the most work and the tiles are unequal: the kernel takes at least "
+        "its longest tile on one SM, and the tiles left when the others run out idle SMs "
+        "for about `causal_tail` of that tile's time. With r the longest tile's work times "
+        "the SMs over the operator's work, the FLOPs are multiplied by max(q, r, 1 + "
+        "causal_tail x r) (simulator.cost.roofline.causal_quantisation). FlashInfer's "
+        "TensorRT-LLM-gen context kernels, which vLLM runs on Blackwell, launch a "
+        "persistent tile scheduler with a causal mask (flashinfer "
+        "csrc/trtllm_fmha_kernel_launcher.cu: TileScheduler::Persistent, Causal)."))
     head_dim_exp: float = Field(0.0, ge=-2, le=2, description=(
         "Attention: FLOPs and bytes are scaled by (head_dim / 128) ** head_dim_exp. The "
         "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
         "fewer key columns per tile as head_dim grows, for registers and shared memory), so "
         "large head dims run further from peak."))
+    softmax_dim: float = Field(0.0, ge=0, le=1024, description=(
+        "Prefill attention (0: off): the head dimension below which a query-key pair costs "
+        "no less, FLOPs x max(1, softmax_dim / head_dim). Each pair also takes an "
+        "exponential and the row max and sum of the online softmax, work that does not "
+        "shrink with the head dimension while the two matrix products do; on Blackwell "
+        "the tensor cores outpace the exponential units, so small head dimensions run at "
+        "the softmax's rate."))
     group_limit: int = Field(0, ge=0, description=(
         "Decode attention: the most query heads per KV head the grouped-query kernel takes "
         "(0: one kernel for every layout). Head groups above it, and plain multi-head "
@@ -148,6 +166,16 @@ class OperatorFit(Frozen):
         if isinstance(head_dim, np.ndarray):
             return (head_dim / HEAD_DIM_REF) ** self.head_dim_exp
         return float(head_dim / HEAD_DIM_REF) ** self.head_dim_exp
+
+    def flops_scale(self, head_dim: Any) -> Any:
+        """Multiplier of prefill attention's FLOPs for its head dimension: the work scale
+        and the softmax floor (``softmax_dim``)."""
+        scale = self.work_scale(head_dim)
+        if not self.softmax_dim:
+            return scale
+        if isinstance(head_dim, np.ndarray):
+            return scale * np.maximum(1.0, self.softmax_dim / head_dim)
+        return scale * max(1.0, self.softmax_dim / float(head_dim))
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
               units: Any = 1.0, quant: Any = 1.0) -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.cost.roofline import causal_quantisation
 from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit
 from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import device_names, load_device
@@ -49,6 +50,7 @@ from simulator.validation.kernel_fit_predict import (
     _bytes_rows,
     _work,
     both_kv_row,
+    causal_shares,
     evaluate,
     training_ape,
 )
@@ -123,7 +125,10 @@ def _exp(v: float) -> float:
 
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
-            pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0) -> OperatorFit:
+            pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
+            causal: bool = False, softmax: bool = False) -> OperatorFit:
+    # x[8], with ``causal`` (prefill attention): the logit of causal_tail (0.05 to 2); the
+    # last, with ``softmax``: log(softmax_dim / 64).
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
@@ -132,7 +137,9 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "row_overlap": _sig(x[9]) if len(x) > 9 else 0.0,
         "group_memory": 0.5 + 1.5 * _sig(x[10]) if len(x) > 9 else 1.0,
         "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0, "row_unit": "kv_head"} if group_limit else {
-        "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0}
+        "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0,
+        "causal_tail": 0.05 + 1.95 * _sig(x[8]) if causal and tile_m else 0.0,
+        "softmax_dim": min(64.0 * _exp(x[-1]), 1024.0) if softmax else 0.0}
     return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
                        half_units=_exp(x[5]) if fill else 0.0,
@@ -151,6 +158,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
                        tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
                        head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
+                       causal_tail=round(f.causal_tail, 3), softmax_dim=round(f.softmax_dim, 1),
                        tile_dispatch=f.tile_dispatch, group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
                        group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
@@ -161,28 +169,35 @@ def _rounded(f: OperatorFit) -> OperatorFit:
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
-        dispatch: str = "", group_limit: int = 0, overlap: bool = True) -> OperatorFit:
+        dispatch: str = "", group_limit: int = 0, overlap: bool = True,
+        causal: bool = False, softmax: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
-    without GQA packing; decode attention with a group limit with or without ``overlap``
+    without GQA packing, with or without the causal tail (``causal``,
+    ``OperatorFit.causal_tail``, fitted) and the softmax floor (``softmax``,
+    ``OperatorFit.softmax_dim``, fitted); decode attention with a group limit with or without ``overlap``
     (``row_overlap``, ``group_memory``, ``group_q_rows``; without: 0, 1, 0)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f = samples.flops[idx]
-    u, q = _work(samples, _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0,
-                                  pack_gqa, dispatch, group_limit), device, idx)
+    start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
+                    dispatch, group_limit, causal, softmax)
+    u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
+    share = causal_shares(samples, start, device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.decode  # see the note above _to_fit
     hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
-                        group_limit)
+                        group_limit, causal, softmax)
         s = model.work_scale(hd) if hd is not None else 1.0
+        fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
-        return np.log(model.seconds(peak, bw, f * s, b * s, u, r, q)) - log_t
+        qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
+        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
     group_start = _GROUP_START if overlap else _GROUP_START[:2]
@@ -195,7 +210,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
                        math.log(fl0), math.log(uh0), math.log(rp0),
                        *([0.0] if hd is not None else group_start if group_limit
-                         else [])])
+                         else []), *([0.0] if share is not None else []),
+                       *([math.log(1.5)] if softmax else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -211,7 +227,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
-                            tile_k0, pack_gqa, dispatch, group_limit))
+                            tile_k0, pack_gqa, dispatch, group_limit, causal, softmax))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
@@ -246,6 +262,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         for tile_m, tile_n, split_k in tiles:
             for pack in packs if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack))
+            if family.prefill and tile_m:  # unequal causal tiles (OperatorFit.causal_tail)
+                consider(samples, unit, fit(samples, device, tile_m, causal=True))
+                consider(samples, unit, fit(samples, device, tile_m, causal=True,
+                                            softmax=True))
     assert best is not None
     if family.decode and family.group is not None and group_limits and len(variants) > 1:
         # Rows per KV head: the grouped kernel's blocks (decode_group scales the others').
