@@ -104,9 +104,11 @@ class OperatorFit(Frozen):
         "Prefill attention (0: off): the head dimension below which a query-key pair costs "
         "no less, FLOPs x max(1, softmax_dim / head_dim). Each pair also takes an "
         "exponential and the row max and sum of the online softmax, work that does not "
-        "shrink with the head dimension while the two matrix products do; on Blackwell "
-        "the tensor cores outpace the exponential units, so small head dimensions run at "
-        "the softmax's rate."))
+        "shrink with the head dimension while the two matrix products do. On B200 an "
+        "SM's tensor cores do 8,192 BF16 FLOPs per clock and its exponential unit 16 "
+        "exponentials (FlashAttention-4, Zadouri et al. 2026, arXiv 2603.05451): the "
+        "4 x head_dim FLOPs of a pair take as long as its exponential at head_dim 128, "
+        "so smaller head dimensions run at the exponential's rate."))
     group_limit: int = Field(0, ge=0, description=(
         "Decode attention: the most query heads per KV head the grouped-query kernel takes "
         "(0: one kernel for every layout). Head groups above it, and plain multi-head "
