@@ -30,7 +30,7 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             if dumped["row_unit"] == "query_head":  # the default: keep the lines short
                 del dumped["row_unit"]
             for off in ("tile_m", "tile_n", "split_k", "tile_k0", "pack_gqa", "head_dim_exp",
-                        "tile_dispatch"):
+                        "tile_dispatch", "causal_tail", "softmax_dim"):
                 if not dumped[off]:
                     del dumped[off]
             if not dumped["group_limit"]:  # one decode kernel: its group constants unused
