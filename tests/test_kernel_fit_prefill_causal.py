@@ -1,5 +1,5 @@
-"""Prefill attention under a persistent causal tile scheduler (``OperatorFit.causal_tail``)
-and the softmax work of each query-key pair (``OperatorFit.softmax_dim``)."""
+"""Prefill attention under a persistent causal tile scheduler (``OperatorFit.causal_tail``,
+``kv_reread_share``) and the softmax work of each query-key pair (``softmax_dim``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from simulator.cost import BatchShape, InstanceCostModel
-from simulator.cost.roofline import causal_quantisation, causal_share, prefill_tiles, quantisation
+from simulator.cost.roofline import (
+    causal_quantisation,
+    causal_share,
+    kv_reread_bytes,
+    prefill_tiles,
+    quantisation,
+)
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import OperatorFit, OperatorFits
 from simulator.models import get_model
@@ -75,14 +81,27 @@ def test_small_head_dimensions_pay_the_softmax_of_each_pair() -> None:
     assert floor[1:] == pytest.approx(base[1:])
 
 
+def test_the_kv_reread_that_hits_l2_costs_no_memory_time() -> None:
+    # Llama-2-7B (MHA, 32 KV heads): a 16,384-token prompt re-reads 128 blocks' K and V.
+    b = BatchShape.prefill(16384)
+    full = _b200(CAUSAL, "Llama-2-7B")._prefill_attention_op(b)
+    quarter = _b200(CAUSAL.model_copy(update={"kv_reread_share": 0.25}),
+                    "Llama-2-7B")._prefill_attention_op(b)
+    m = get_model("Llama-2-7B")
+    reread = kv_reread_bytes(b.prefill_attn_pairs, 2 * m.num_kv_heads * m.head_dim * 2.0)
+    assert quarter[1] == pytest.approx(full[1] - 0.75 * reread)
+    assert (quarter[0], quarter[2], quarter[3]) == (full[0], full[2], full[3])
+
+
 def test_kernel_fit_recovers_the_causal_tail_and_the_softmax_floor() -> None:
-    """Synthetic timings from a 256-row causal fit with a softmax floor at head dim 112:
-    the fit chooses the causal schedule and tile on its training shapes, recovers both
-    terms and predicts the held-out head layouts."""
+    """Synthetic timings from a 256-row causal fit with a softmax floor at head dim 112 and
+    30 % of the K/V re-read reaching memory: the fit chooses the causal schedule and tile on
+    its training shapes, recovers the three terms and predicts the held-out head layouts."""
     from simulator.validation.kernel_fit import Samples, evaluate, fit_family
     from simulator.validation.kernel_fit_predict import predict
 
-    true = CAUSAL.model_copy(update={"softmax_dim": 112.0, "head_dim_exp": 0.1})
+    true = CAUSAL.model_copy(update={"softmax_dim": 112.0, "head_dim_exp": 0.1,
+                                     "kv_reread_share": 0.3})
     rng = np.random.default_rng(5)
     n = 1500
     batch = rng.choice([1.0, 2.0, 4.0, 16.0, 64.0], n)
@@ -92,13 +111,14 @@ def test_kernel_fit_recovers_the_causal_tail_and_the_softmax_floor() -> None:
     hd = rng.choice([64.0, 128.0, 256.0], n)
     pairs = isl * (isl + 1) / 2
     flops = 4 * heads * hd * pairs * batch
-    nbytes = batch * isl * (2 * kvh * hd * 2 + 2 * heads * hd * 2)
+    reread = kv_reread_bytes(batch * pairs, kvh * 2 * hd * 2)
+    nbytes = batch * isl * (2 * kvh * hd * 2 + 2 * heads * hd * 2) + reread
     rows = batch * isl * heads
 
     def samples(seconds: np.ndarray) -> Samples:
         return Samples("attention_prefill", "bf16", flops, nbytes, batch * heads, rows,
                        seconds, heads == 12.0, "synthetic", tiles=(batch, isl, heads, kvh, hd),
-                       head_dim=hd)
+                       head_dim=hd, kv_bytes=reread)
 
     measured = samples(predict(samples(np.ones(n)), B200, true, np.arange(n)))
     _, fitted = fit_family(measured, B200)
@@ -106,6 +126,7 @@ def test_kernel_fit_recovers_the_causal_tail_and_the_softmax_floor() -> None:
     assert not fitted.pack_gqa
     assert fitted.causal_tail == pytest.approx(0.6, abs=0.05)
     assert fitted.softmax_dim == pytest.approx(112.0, rel=0.05)
+    assert fitted.kv_reread_share == pytest.approx(0.3, abs=0.05)
     assert evaluate(measured, B200, fitted)["median_ape_after"] < 1.0
 
 

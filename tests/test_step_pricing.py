@@ -172,7 +172,10 @@ class Reference(InstanceCostModel):
         nbytes = b.prefill_kv_tokens * kv_token + tokens * io_width * self._ab
         fit = self._fits.get("attention_prefill")
         if m.attention != "mla":
-            nbytes += kv_reread_bytes(pairs, kv_token)
+            reread = kv_reread_bytes(pairs, kv_token)
+            if fit is not None and fit.kv_reread_share != 1.0:
+                reread *= fit.kv_reread_share
+            nbytes += reread
             if fit is not None:
                 scale = fit.work_scale(m.head_dim)
                 per_pair, nbytes = per_pair * fit.flops_scale(m.head_dim), nbytes * scale

@@ -200,7 +200,10 @@ class OperatorPricing:
         nbytes = b.prefill_kv_tokens * kv_token + tokens * self._attn_io * self._ab
         fit = self._fits.get("attention_prefill")
         if m.attention != "mla":  # K/V re-read per query block (FlashAttention-class)
-            nbytes += kv_reread_bytes(pairs, kv_token)
+            reread = kv_reread_bytes(pairs, kv_token)
+            if fit is not None and fit.kv_reread_share != 1.0:  # the rest hits L2
+                reread *= fit.kv_reread_share
+            nbytes += reread
             scale, flops_scale = self._prefill_scale, self._prefill_flops_scale
             if scale is not None and flops_scale is not None:  # tiles chosen by head dim
                 per_pair, nbytes = per_pair * flops_scale, nbytes * scale

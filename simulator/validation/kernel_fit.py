@@ -127,8 +127,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
             causal: bool = False, softmax: bool = False) -> OperatorFit:
-    # x[8], with ``causal`` (prefill attention): the logit of causal_tail (0.05 to 2); the
-    # last, with ``softmax``: log(softmax_dim / 64).
+    # x[8:10], with ``causal`` (prefill attention): the logits of causal_tail (0.05 to 2)
+    # and kv_reread_share; the last, with ``softmax``: log(softmax_dim / 64).
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
@@ -139,6 +139,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0, "row_unit": "kv_head"} if group_limit else {
         "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0,
         "causal_tail": 0.05 + 1.95 * _sig(x[8]) if causal and tile_m else 0.0,
+        "kv_reread_share": _sig(x[9]) if causal and tile_m else 1.0,
         "softmax_dim": min(64.0 * _exp(x[-1]), 1024.0) if softmax else 0.0}
     return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
@@ -159,6 +160,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
                        head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
                        causal_tail=round(f.causal_tail, 3), softmax_dim=round(f.softmax_dim, 1),
+                       kv_reread_share=round(f.kv_reread_share, 4),
                        tile_dispatch=f.tile_dispatch, group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
                        group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
@@ -173,10 +175,11 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         causal: bool = False, softmax: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
-    without GQA packing, with or without the causal tail (``causal``,
-    ``OperatorFit.causal_tail``, fitted) and the softmax floor (``softmax``,
-    ``OperatorFit.softmax_dim``, fitted); decode attention with a group limit with or without ``overlap``
-    (``row_overlap``, ``group_memory``, ``group_q_rows``; without: 0, 1, 0)."""
+    without GQA packing, with or without the causal tail and the K/V re-read share
+    (``causal``: ``OperatorFit.causal_tail``, ``kv_reread_share``, fitted) and the softmax
+    floor (``softmax``, ``OperatorFit.softmax_dim``, fitted); decode attention with a group
+    limit with or without ``overlap`` (``row_overlap``, ``group_memory``, ``group_q_rows``;
+    without: 0, 1, 0)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -206,11 +209,11 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
     if group_limit:  # blocks of tens of ns each (the two kernels' per-block work)
         starts += ((0.6, 1e7, 1e7, 5.0, 100.0, 3e4),)
-    for c0, fh0, bh0, fl0, uh0, rp0 in starts:
+    for i, (c0, fh0, bh0, fl0, uh0, rp0) in enumerate(starts):
         x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
                        math.log(fl0), math.log(uh0), math.log(rp0),
                        *([0.0] if hd is not None else group_start if group_limit
-                         else []), *([0.0] if share is not None else []),
+                         else []), *([0.0, 3.0 - 6.0 * (i % 2)] if share is not None else []),
                        *([math.log(1.5)] if softmax else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:

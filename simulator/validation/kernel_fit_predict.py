@@ -69,6 +69,8 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
     its grouped kernel re-reads KV per query head and has a block per query head
     (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head)."""
     nbytes, rows = samples.nbytes[idx], samples.rows[idx]
+    if samples.prefill and fitted.kv_reread_share != 1.0 and samples.kv_bytes is not None:
+        return nbytes - samples.kv_bytes[idx] * (1.0 - fitted.kv_reread_share), rows
     if not (samples.decode and fitted.group_limit) or samples.group is None:
         return nbytes, rows
     assert samples.kv_bytes is not None
