@@ -104,8 +104,8 @@ class OperatorFit(Frozen):
         "Prefill attention: the share of the K/V re-read of each query block "
         "(simulator.cost.roofline.kv_reread_bytes) that reaches memory; the rest hits L2. "
         "A persistent causal scheduler walks the query blocks of one head in turn, so the "
-        "keys and values those blocks share stay in L2 (B200: 126 MB; one head's K and V "
-        "at 16k tokens and head dim 128 in BF16 take 8 MB). Fitted with causal_tail."))
+        "keys and values those blocks share can stay in L2 (one head's K and V at 16k "
+        "tokens and head dim 128 in BF16 take 8 MB). Fitted with causal_tail."))
     softmax_dim: float = Field(0.0, ge=0, le=1024, description=(
         "Prefill attention (0: off): the head dimension below which a query-key pair costs "
         "no less, FLOPs x max(1, softmax_dim / head_dim). Each pair also takes an "
