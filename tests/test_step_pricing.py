@@ -29,6 +29,8 @@ from simulator.cost.collectives import allreduce_time
 from simulator.cost.host import host_model
 from simulator.cost.roofline import (
     DECODE_SPLIT_TOKENS,
+    causal_quantisation,
+    causal_share,
     decode_blocks,
     decode_tiles,
     decode_units,
@@ -172,10 +174,13 @@ class Reference(InstanceCostModel):
         nbytes = b.prefill_kv_tokens * kv_token + tokens * io_width * self._ab
         fit = self._fits.get("attention_prefill")
         if m.attention != "mla":
-            nbytes += kv_reread_bytes(pairs, kv_token)
+            reread = kv_reread_bytes(pairs, kv_token)
+            if fit is not None and fit.kv_reread_share != 1.0:
+                reread *= fit.kv_reread_share
+            nbytes += reread
             if fit is not None:
                 scale = fit.work_scale(m.head_dim)
-                per_pair, nbytes = per_pair * scale, nbytes * scale
+                per_pair, nbytes = per_pair * fit.flops_scale(m.head_dim), nbytes * scale
         longest = (min(b.prefill_max_tokens, tokens) if b.prefill_max_tokens
                    else self._longest_chunk(seqs, tokens, pairs))
         longest = max(longest, math.ceil(tokens / seqs))
@@ -184,6 +189,10 @@ class Reference(InstanceCostModel):
         quant = self._quant("attention_prefill", shape)
         if seqs > 1 and fit is not None and fit.tile_m:
             quant *= seqs * longest / tokens * max(1.0, tokens * (longest + 1) / 2 / pairs)
+        if fit is not None and fit.causal_tail and fit.tile_m and self.device.sm_count:
+            keys = longest + (b.prefill_kv_tokens - tokens) if seqs <= 1 else longest
+            quant = causal_quantisation(quant, causal_share(
+                self.device.sm_count, fit.tile_m, heads, longest, keys, pairs), fit.causal_tail)
         batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
         if fit is None or seqs <= 1:
             return batch

@@ -21,6 +21,8 @@ from simulator.cost.dp_attention import extend_tokens
 from simulator.cost.moe_comm import DeepEPMode, EPGroup, deepep_kernel, moe_exchange_seconds
 from simulator.cost.parallel import Parallelism
 from simulator.cost.roofline import (
+    causal_quantisation,
+    causal_share,
     decode_units,
     kv_reread_bytes,
     op_time,
@@ -86,6 +88,7 @@ class OperatorPricing:
     _decode_kv_elems: float
     _decode_rows: float
     _prefill_scale: float | None
+    _prefill_flops_scale: float | None
 
     @property
     def kv_heads_per_device(self) -> int:
@@ -202,10 +205,13 @@ class OperatorPricing:
         nbytes = b.prefill_kv_tokens * kv_token + tokens * self._attn_io * self._ab
         fit = self._fits.get("attention_prefill")
         if m.attention != "mla":  # K/V re-read per query block (FlashAttention-class)
-            nbytes += kv_reread_bytes(pairs, kv_token)
-            scale = self._prefill_scale
-            if scale is not None:  # tiles chosen by head dimension
-                per_pair, nbytes = per_pair * scale, nbytes * scale
+            reread = kv_reread_bytes(pairs, kv_token)
+            if fit is not None and fit.kv_reread_share != 1.0:  # the rest hits L2
+                reread *= fit.kv_reread_share
+            nbytes += reread
+            scale, flops_scale = self._prefill_scale, self._prefill_flops_scale
+            if scale is not None and flops_scale is not None:  # tiles chosen by head dim
+                per_pair, nbytes = per_pair * flops_scale, nbytes * scale
         longest = (min(b.prefill_max_tokens, tokens) if b.prefill_max_tokens
                    else self._longest_chunk(seqs, tokens, pairs))
         longest = max(longest, math.ceil(tokens / seqs))
@@ -216,6 +222,14 @@ class OperatorPricing:
             # The tiles hold ``tokens`` rows, not ``seqs * longest`` (also when the waves
             # happen to be full and the tile/wave multiplier is exactly 1).
             quant *= seqs * longest / tokens * max(1.0, tokens * (longest + 1) / 2 / pairs)
+        if fit is not None and fit.causal_tail and fit.tile_m and self._sms:
+            # The longest tile: the last query block of the longest chunk, over its cached
+            # context too where the chunk is alone (a batch keeps only the context sum, and
+            # the chunk alone on all of it below bounds the batch).
+            keys = longest + (b.prefill_kv_tokens - tokens) if seqs <= 1 else longest
+            quant = causal_quantisation(
+                quant, causal_share(self._sms, fit.tile_m, heads, longest, keys, pairs),
+                fit.causal_tail)
         batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
         if fit is None or seqs <= 1:
             return batch

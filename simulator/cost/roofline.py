@@ -117,6 +117,26 @@ def prefill_tiles(seqs: Any, rows: Any, heads: Any, kv_heads: Any, head_dim: Any
     return seqs * heads, rows, 1.0, head_dim
 
 
+def causal_share(sms: int, tile_m: int, heads: Any, longest_rows: Any, longest_kv: Any,
+                 pairs: Any) -> Any:
+    """``r`` of :func:`causal_quantisation`: the work of a causal prefill's longest tile
+    times the SMs, over the operator's work. The longest tile is the last query block of the
+    longest chunk, ``min(tile_m, rows)`` query rows over all ``longest_kv`` keys (a block
+    reads the keys up to its last row, and the kernel computes whole blocks); the
+    operator's work is ``heads`` x ``pairs``, the causal query-key pairs of every sequence.
+    With one long prompt on few heads ``r`` exceeds 1: the kernel waits for that tile."""
+    return sms * _min(tile_m, longest_rows) * longest_kv / _max(heads * pairs, 1e-9)
+
+
+def causal_quantisation(quant: Any, share: Any, tail: float) -> Any:
+    """The FLOPs multiplier of causal prefill attention under a persistent tile scheduler
+    (``OperatorFit.causal_tail``): the larger of the tile/wave multiplier ``quant``, the
+    longest tile alone (``share``, :func:`causal_share`) and the balanced work plus
+    ``tail`` of the longest tile for the SMs idle at its end. The product with the FLOPs
+    never falls as sequences or rows are added (the longest tile never shrinks)."""
+    return _max(quant, _max(share, 1.0 + tail * share))
+
+
 MIN_TILE_M = 16
 """Smallest tile along ``m``: Ampere's ``mma.m16n8k16`` and the M16 bucket of vLLM's
 CUTLASS GEMM dispatch (vllm-project/vllm csrc/quantization/cutlass_w8a8/c3x/

@@ -148,6 +148,9 @@ class InstanceCostModel(OperatorPricing):
         # Prefill tiles are chosen by head dimension (FlashAttention-class kernels).
         self._prefill_scale = (None if m.attention == "mla" or prefill is None
                                else prefill.work_scale(m.head_dim))
+        # Its FLOPs also per pair at least the softmax's (OperatorFit.softmax_dim).
+        self._prefill_flops_scale = (None if self._prefill_scale is None or prefill is None
+                                     else prefill.flops_scale(m.head_dim))
 
     def _operator_fits(self) -> dict[str, OperatorFit]:
         """Fitted roofline per operator label (labels without a fit use device-wide factors)."""

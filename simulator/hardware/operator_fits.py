@@ -97,11 +97,37 @@ class OperatorFit(Frozen):
     pack_gqa: bool = Field(False, description=(
         "Prefill attention: the query heads sharing a KV head are packed into one block's "
         "rows (FlashAttention-3 PackGQA; simulator.cost.roofline.prefill_tiles)."))
+    causal_tail: float = Field(0.0, ge=0, le=2, description=(
+        "Prefill attention (0: off): the causal tiles of a persistent scheduler. A query "
+        "block of a causal prompt reads the keys up to its own rows, so the last block of a "
+        "sequence does the most work and the tiles are unequal: the kernel takes at least "
+        "its longest tile on one SM, and the tiles left when the others run out idle SMs "
+        "for about `causal_tail` of that tile's time. With r the longest tile's work times "
+        "the SMs over the operator's work, the FLOPs are multiplied by max(q, r, 1 + "
+        "causal_tail x r) (simulator.cost.roofline.causal_quantisation). FlashInfer's "
+        "TensorRT-LLM-gen context kernels, which vLLM runs on Blackwell, launch a "
+        "persistent tile scheduler with a causal mask (flashinfer "
+        "csrc/trtllm_fmha_kernel_launcher.cu: TileScheduler::Persistent, Causal)."))
     head_dim_exp: float = Field(0.0, ge=-2, le=2, description=(
         "Attention: FLOPs and bytes are scaled by (head_dim / 128) ** head_dim_exp. The "
         "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
         "fewer key columns per tile as head_dim grows, for registers and shared memory), so "
         "large head dims run further from peak."))
+    kv_reread_share: float = Field(1.0, ge=0, le=1, description=(
+        "Prefill attention: the share of the K/V re-read of each query block "
+        "(simulator.cost.roofline.kv_reread_bytes) that reaches memory; the rest hits L2. "
+        "A persistent causal scheduler walks the query blocks of one head in turn, so the "
+        "keys and values those blocks share can stay in L2 (one head's K and V at 16k "
+        "tokens and head dim 128 in BF16 take 8 MB). Fitted with causal_tail."))
+    softmax_dim: float = Field(0.0, ge=0, le=1024, description=(
+        "Prefill attention (0: off): the head dimension below which a query-key pair costs "
+        "no less, FLOPs x max(1, softmax_dim / head_dim). Each pair also takes an "
+        "exponential and the row max and sum of the online softmax, work that does not "
+        "shrink with the head dimension while the two matrix products do. On B200 an "
+        "SM's tensor cores do 8,192 BF16 FLOPs per clock and its exponential unit 16 "
+        "exponentials (FlashAttention-4, Zadouri et al. 2026, arXiv 2603.05451): the "
+        "4 x head_dim FLOPs of a pair take as long as its exponential at head_dim 128, "
+        "so smaller head dimensions run at the exponential's rate."))
     group_limit: int = Field(0, ge=0, description=(
         "Decode attention: the most query heads per KV head the grouped-query kernel takes "
         "(0: one kernel for every layout). Head groups above it, and plain multi-head "
@@ -161,6 +187,16 @@ class OperatorFit(Frozen):
         if isinstance(head_dim, np.ndarray):
             return (head_dim / HEAD_DIM_REF) ** self.head_dim_exp
         return float(head_dim / HEAD_DIM_REF) ** self.head_dim_exp
+
+    def flops_scale(self, head_dim: Any) -> Any:
+        """Multiplier of prefill attention's FLOPs for its head dimension: the work scale
+        and the softmax floor (``softmax_dim``)."""
+        scale = self.work_scale(head_dim)
+        if not self.softmax_dim:
+            return scale
+        if isinstance(head_dim, np.ndarray):
+            return scale * np.maximum(1.0, self.softmax_dim / head_dim)
+        return scale * max(1.0, self.softmax_dim / float(head_dim))
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
               units: Any = 1.0, quant: Any = 1.0) -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.cost.roofline import causal_quantisation
 from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit
 from simulator.hardware.profiles import DeviceProfile
 from simulator.runner.kernel_tables import (
@@ -49,6 +50,7 @@ from simulator.validation.kernel_fit_predict import (
     _bytes_rows,
     _work,
     both_kv_row,
+    causal_shares,
     evaluate,
     training_ape,
 )
@@ -99,6 +101,12 @@ MOE_KERNEL_TILES: dict[str, tuple[tuple[int, int], ...]] = {
 ``get_candidate_tiles_sm90``: 128 x {16, 32, 64, 128, 256} and 256 x 128) with ``tile_n`` at
 least 64 (128 x 16 and 128 x 32 were offered on H100 and not chosen). No split-K: the grouped
 kernel has none."""
+CAUSAL_ENGINES = ("vllm",)
+"""Engines whose prefill-attention fits are offered the causal tail, the K/V re-read share
+and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softmax_dim``),
+on their training shapes only: vLLM's, whose Blackwell prefill runs FlashInfer's
+persistent TensorRT-LLM-gen kernel (docs/VALIDATION.md). TensorRT-LLM's and SGLang's prefill
+fits have not been offered them yet."""
 GROUP_LIMIT_CHOICES: dict[str, tuple[int, ...]] = {"trtllm": (8, 16, 32, 64)}
 """Group limits (``OperatorFit.group_limit``) an engine's decode-attention fit may choose,
 on its training shapes only, against none: TensorRT-LLM's XQA kernels take up to 32 query
@@ -139,7 +147,9 @@ def _exp(v: float) -> float:
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
-            moe_kernel: str = "") -> OperatorFit:
+            moe_kernel: str = "", causal: bool = False, softmax: bool = False) -> OperatorFit:
+    # x[8:10], with ``causal`` (prefill attention): the logits of causal_tail (0.05 to 2)
+    # and kv_reread_share; the last, with ``softmax``: log(softmax_dim / 64).
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
@@ -148,7 +158,10 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "row_overlap": _sig(x[9]) if len(x) > 9 else 0.0,
         "group_memory": 0.5 + 1.5 * _sig(x[10]) if len(x) > 9 else 1.0,
         "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0, "row_unit": "kv_head"} if group_limit else {
-        "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0}
+        "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0,
+        "causal_tail": 0.05 + 1.95 * _sig(x[8]) if causal and tile_m else 0.0,
+        "kv_reread_share": _sig(x[9]) if causal and tile_m else 1.0,
+        "softmax_dim": min(64.0 * _exp(x[-1]), 1024.0) if softmax else 0.0}
     return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
                        half_units=_exp(x[5]) if fill else 0.0,
@@ -168,6 +181,8 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
                        tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
                        head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
+                       causal_tail=round(f.causal_tail, 3), softmax_dim=round(f.softmax_dim, 1),
+                       kv_reread_share=round(f.kv_reread_share, 4),
                        tile_dispatch=f.tile_dispatch, moe_kernel=f.moe_kernel,
                        group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
@@ -180,29 +195,36 @@ def _rounded(f: OperatorFit) -> OperatorFit:
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
         dispatch: str = "", group_limit: int = 0, overlap: bool = True,
-        moe_kernel: str = "") -> OperatorFit:
+        moe_kernel: str = "", causal: bool = False, softmax: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
-    without GQA packing; decode attention with a group limit with or without ``overlap``
-    (``row_overlap``, ``group_memory``, ``group_q_rows``; without: 0, 1, 0); a MoE family
-    with a grouped kernel (``moe_kernel``, :data:`MOE_KERNEL_CHOICES`)."""
+    without GQA packing, with or without the causal tail and the K/V re-read share
+    (``causal``: ``OperatorFit.causal_tail``, ``kv_reread_share``, fitted) and the softmax
+    floor (``softmax``, ``OperatorFit.softmax_dim``, fitted); decode attention with a group
+    limit with or without ``overlap`` (``row_overlap``, ``group_memory``, ``group_q_rows``;
+    without: 0, 1, 0); a MoE family with a grouped kernel (``moe_kernel``,
+    :data:`MOE_KERNEL_CHOICES`)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f = samples.flops[idx]
-    u, q = _work(samples, _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0,
-                                  pack_gqa, dispatch, group_limit, moe_kernel), device, idx)
+    start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
+                    dispatch, group_limit, moe_kernel, causal, softmax)
+    u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
+    share = causal_shares(samples, start, device, idx)
     log_t = np.log(samples.seconds[idx])
     fill = samples.decode  # see the note above _to_fit
     hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
-                        group_limit, moe_kernel)
+                        group_limit, moe_kernel, causal, softmax)
         s = model.work_scale(hd) if hd is not None else 1.0
+        fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
-        return np.log(model.seconds(peak, bw, f * s, b * s, u, r, q)) - log_t
+        qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
+        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
     group_start = _GROUP_START if overlap else _GROUP_START[:2]
@@ -211,11 +233,12 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
     if group_limit:  # blocks of tens of ns each (the two kernels' per-block work)
         starts += ((0.6, 1e7, 1e7, 5.0, 100.0, 3e4),)
-    for c0, fh0, bh0, fl0, uh0, rp0 in starts:
+    for i, (c0, fh0, bh0, fl0, uh0, rp0) in enumerate(starts):
         x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
                        math.log(fl0), math.log(uh0), math.log(rp0),
                        *([0.0] if hd is not None else group_start if group_limit
-                         else [])])
+                         else []), *([0.0, 3.0 - 6.0 * (i % 2)] if share is not None else []),
+                       *([math.log(1.5)] if softmax else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -231,12 +254,13 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
-                            tile_k0, pack_gqa, dispatch, group_limit, moe_kernel))
+                            tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
+                            softmax))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
-               group_limits: tuple[int, ...] = (),
-               moe_kernels: tuple[str, ...] = ()) -> tuple[Samples, OperatorFit]:
+               group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
+               causal: bool = True) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -247,7 +271,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     limits (:data:`GROUP_LIMIT_CHOICES`), each fitted with the chosen tiles and then every
     tile choice refitted with the best limit; ``moe_kernels`` the grouped MoE kernels
     (:data:`MOE_KERNEL_CHOICES`), each with its own tiles (:data:`MOE_KERNEL_TILES`), which
-    compete like a dispatch table.
+    compete like a dispatch table; with ``causal``, prefill attention is also fitted with
+    the causal tail and re-read share, and with the softmax floor (:data:`CAUSAL_ENGINES`).
     """
     variants = [(family, "query_head")]
     if family.kv_rows is not None:
@@ -269,6 +294,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         for tile_m, tile_n, split_k in tiles:
             for pack in packs if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack))
+            if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
+                consider(samples, unit, fit(samples, device, tile_m, causal=True))
+                consider(samples, unit, fit(samples, device, tile_m, causal=True,
+                                            softmax=True))
     assert best is not None
     if family.decode and family.group is not None and group_limits and len(variants) > 1:
         # Rows per KV head: the grouped kernel's blocks (decode_group scales the others').
@@ -363,7 +392,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         limits = GROUP_LIMIT_CHOICES.get(engine, ()) if family.decode else ()
         moe_kernels = (MOE_KERNEL_CHOICES.get((engine, family.op), ())
                        if device.kernel_tables in HOPPER_TABLES else ())
-        s, fitted = fit_family(family, device, dispatches, limits, moe_kernels)
+        s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
+                               engine in CAUSAL_ENGINES)
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         # Keep a fit only where it beats the device-wide constants on the shapes it was

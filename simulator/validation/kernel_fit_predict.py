@@ -10,6 +10,8 @@ import numpy as np
 
 from simulator.cost.roofline import (
     DECODE_SPLIT_TOKENS,
+    causal_quantisation,
+    causal_share,
     decode_units,
     op_time,
     prefill_tiles,
@@ -20,7 +22,7 @@ from simulator.hardware.profiles import DeviceProfile
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
 
-__all__ = ["both_kv_row", "evaluate", "predict", "tile_label", "training_ape"]
+__all__ = ["both_kv_row", "causal_shares", "evaluate", "predict", "tile_label", "training_ape"]
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -36,12 +38,29 @@ def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
     if samples.prefill:
         seqs, rows, heads, kv_heads, head_dim = shape
         shape = prefill_tiles(seqs, rows, heads, kv_heads, head_dim, fitted.pack_gqa)
+    share = causal_shares(samples, fitted, device, idx)
     if samples.decode:
         if grouped:
             assert samples.group is not None
             shape = (shape[0], shape[1], shape[2] * fitted.decode_group(samples.group[idx])[0])
         units = decode_units(shape[0], shape[1], shape[2], fitted.tile_m or DECODE_SPLIT_TOKENS)
-    return units, quantisation(fitted, shape, device.sm_count, samples.decode)
+    quant = quantisation(fitted, shape, device.sm_count, samples.decode)
+    if share is not None:
+        quant = causal_quantisation(quant, share, fitted.causal_tail)
+    return units, quant
+
+
+def causal_shares(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
+                  idx: np.ndarray) -> np.ndarray | None:
+    """The longest tile's share of prefill attention (:func:`causal_share`) for a fit with
+    ``causal_tail``, else ``None``: each measured shape is ``sequences`` prompts of ``rows``
+    tokens, no cached context."""
+    if not (samples.prefill and fitted.causal_tail and fitted.tile_m) or samples.tiles is None:
+        return None
+    assert device.sm_count is not None
+    seqs, rows, heads = (samples.tiles[i][idx] for i in range(3))
+    return np.asarray(causal_share(device.sm_count, fitted.tile_m, heads, rows, rows,
+                                   seqs * rows * (rows + 1) / 2))
 
 
 def _bytes_rows(samples: Samples, fitted: OperatorFit,
@@ -50,6 +69,8 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
     its grouped kernel re-reads KV per query head and has a block per query head
     (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head)."""
     nbytes, rows = samples.nbytes[idx], samples.rows[idx]
+    if samples.prefill and fitted.kv_reread_share != 1.0 and samples.kv_bytes is not None:
+        return nbytes - samples.kv_bytes[idx] * (1.0 - fitted.kv_reread_share), rows
     if not (samples.decode and fitted.group_limit) or samples.group is None:
         return nbytes, rows
     assert samples.kv_bytes is not None
@@ -62,10 +83,12 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
             idx: np.ndarray) -> np.ndarray:
     """Seconds ``fitted`` gives the measured shapes ``idx``."""
     units, quant = _work(samples, fitted, device, idx)
-    scale = fitted.work_scale(samples.head_dim[idx]) if samples.head_dim is not None else 1.0
+    hd = samples.head_dim[idx] if samples.head_dim is not None else None
+    scale = fitted.work_scale(hd) if hd is not None else 1.0
+    fscale = fitted.flops_scale(hd) if hd is not None else 1.0
     nbytes, rows = _bytes_rows(samples, fitted, idx)
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
-                                     device.memory_bandwidth, samples.flops[idx] * scale,
+                                     device.memory_bandwidth, samples.flops[idx] * fscale,
                                      nbytes * scale, units, rows, quant))
 
 
@@ -106,7 +129,8 @@ def tile_label(fitted: OperatorFit) -> str:
     if fitted.moe_kernel:
         size = f"{fitted.moe_kernel} {size}"
     return (size + ("+split-K" if fitted.split_k else "") + ("+packGQA" if fitted.pack_gqa else "")
-            + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else ""))
+            + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else "")
+            + (f"+causal {fitted.causal_tail:g}" if fitted.causal_tail else ""))
 
 
 def both_kv_row(scored: dict[str, Samples], fits: dict[str, OperatorFit], base: str,

@@ -30,9 +30,11 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             if dumped["row_unit"] == "query_head":  # the default: keep the lines short
                 del dumped["row_unit"]
             for off in ("tile_m", "tile_n", "split_k", "tile_k0", "pack_gqa", "head_dim_exp",
-                        "tile_dispatch", "moe_kernel"):
+                        "tile_dispatch", "moe_kernel", "causal_tail", "softmax_dim"):
                 if not dumped[off]:
                     del dumped[off]
+            if dumped["kv_reread_share"] == 1.0:
+                del dumped["kv_reread_share"]
             if not dumped["group_limit"]:  # one decode kernel: its group constants unused
                 for off in ("group_limit", "group_reread", "group_row_share", "row_overlap",
                             "group_memory", "group_q_rows"):

@@ -53,7 +53,8 @@ class Samples:
     group: np.ndarray | None = None
     """Decode attention: query heads per KV head (``OperatorFit.group_limit``)."""
     kv_bytes: np.ndarray | None = None
-    """Decode attention: the KV-cache part of ``nbytes`` (``OperatorFit.group_reread``)."""
+    """Decode attention: the KV-cache part of ``nbytes`` (``OperatorFit.group_reread``);
+    prefill attention: its K/V re-read (``OperatorFit.kv_reread_share``)."""
 
     @property
     def prefill(self) -> bool:
@@ -109,7 +110,8 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
             pairs = isl * (isl + 1) / 2
             flops = 4 * heads * hd * pairs * batch
             nbytes = batch * isl * (2 * kvh * hd * kvb + 2 * heads * hd * 2)
-            nbytes = nbytes + kv_reread_bytes(batch * pairs, kvh * 2 * hd * kvb)
+            kv_bytes = kv_reread_bytes(batch * pairs, kvh * 2 * hd * kvb)
+            nbytes = nbytes + kv_bytes
             units, rows = batch * heads, batch * isl * heads
             tiles = (batch, isl, heads, kvh, hd)
         else:
@@ -125,7 +127,7 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
                         _held_out(keys), f"{folder}/{name}",
                         batch * kvh if op == "attention_decode" else None, tiles,
                         hd if op == "attention_prefill" else None,
-                        *((heads / kvh, kv_bytes) if op == "attention_decode" else (None, None)))
+                        heads / kvh if op == "attention_decode" else None, kv_bytes)
         if not split_kv:
             out.append(whole)
             continue
