@@ -99,8 +99,8 @@ def test_outside_the_table_falls_back_to_the_roofline_and_says_so() -> None:
 def test_all_reduce_from_the_engine_table() -> None:
     links = LinkSet(tp=load_link("nvlink4"))
     pred = TablePredictor(M8, H100, Parallelism(tp=2), links=links, tables=_tables())
-    nbytes = 16 * H * 2  # 16 tokens, bf16
-    table_s = _tables().allreduce_s(nbytes, 2)
+    elements = 16 * H  # 16 tokens: the table counts elements of the 16-bit hidden state
+    table_s = _tables().allreduce_s(elements, 2)
     assert table_s is not None
     ops = pred.breakdown(BatchShape.decode(16, 1600))
     assert ops["allreduce"] == pytest.approx(2 * M8.num_layers * table_s)

@@ -249,7 +249,7 @@ class Reference(InstanceCostModel):
         if link is None:
             return
         curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
-        seconds = curve.seconds(nbytes) if curve is not None else None
+        seconds = curve.seconds(nbytes / operators.RESIDUAL_BYTES) if curve is not None else None
         if seconds is None:
             seconds = allreduce_time(nbytes, ranks, link)
         acc.add_comm(seconds * times, "allreduce")

@@ -40,6 +40,15 @@ MLA_DECODE_PATH_TOKENS = 16
 """Query tokens per sequence up to which an MLA model's chunks on a cached context run the
 engine's MLA decode kernel (:meth:`OperatorPricing._mla_decode_path`): a speculative verify
 of up to 15 drafts."""
+RESIDUAL_BYTES = 2.0
+"""Bytes per element of the hidden state the TP all-reduce sums: the model's 16-bit dtype at
+every weight and activation precision. FP8 and NVFP4 quantise only a GEMM's input; the
+attention and MLP outputs that are reduced, the residual and the norms stay 16-bit
+(TensorRT-LLM ``tensorrt_llm/_torch/models/modeling_llama.py``: ``LlamaDecoderLayer`` hands
+the 16-bit projection output to ``AllReduce`` with ``AllReduceFusionOp.RESIDUAL_RMS_NORM``).
+The engines' measured all-reduce is keyed by elements: the collector reduces a 16-bit tensor
+of ``message_size`` elements (ai-dynamo/aiconfigurator ``collector/collect_all_reduce.py``,
+``get_input_shape_and_comm_size``)."""
 
 
 class OperatorPricing:
@@ -316,7 +325,8 @@ class OperatorPricing:
             return
         # The engine's own measured all-reduce where the group stays on the scale-up link.
         curve = self._ar_curves.get(ranks) if link.name == self.device.scale_up_link else None
-        seconds = curve.seconds(nbytes, self._ar_knots[ranks]) if curve is not None else None
+        seconds = (curve.seconds(nbytes / RESIDUAL_BYTES, self._ar_knots[ranks])
+                   if curve is not None else None)
         if seconds is None:
             seconds = allreduce_time(nbytes, ranks, link)
         acc.add_comm(seconds * times, "allreduce")
@@ -342,7 +352,7 @@ class OperatorPricing:
         elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
         self._op(acc, 0.0, elem_bytes, 3, count, "elementwise")
         if t > 1:
-            self._allreduce(acc, tokens * h * self._ab, t, 2 * count)
+            self._allreduce(acc, tokens * h * RESIDUAL_BYTES, t, 2 * count)
 
     def _mla_decode_path(self, b: BatchShape) -> bool:
         """Whether the step's prefill chunks run the engine's MLA *decode* kernel: an MLA

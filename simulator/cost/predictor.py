@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from simulator.cost.batch import BatchShape
+from simulator.cost.operators import RESIDUAL_BYTES
 from simulator.cost.parallel import Parallelism
 from simulator.cost.step import DecodeSeries, InstanceCostModel, StepCost, _Acc
 from simulator.cost.tables import KernelTables
@@ -131,7 +132,7 @@ class TablePredictor(InstanceCostModel):
 
     def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
         assert self.tables is not None
-        measured = self.tables.allreduce_s(nbytes, ranks)
+        measured = self.tables.allreduce_s(nbytes / RESIDUAL_BYTES, ranks)  # elements
         if measured is None:
             before = acc.comm
             super()._allreduce(acc, nbytes, ranks, times)
