@@ -143,9 +143,11 @@ class KernelTables:
         table = self.generation_attention.get(key)
         return table.lookup((batch, kv_len)) if table else None
 
-    def allreduce_s(self, message_bytes: float, ranks: int) -> float | None:
+    def allreduce_s(self, elements: float, ranks: int) -> float | None:
+        """The engine's all-reduce of ``elements`` 16-bit elements over ``ranks`` GPUs (the
+        collector's ``message_size`` counts elements)."""
         table = self.allreduce.get(ranks)
-        return table.lookup((message_bytes,)) if table else None
+        return table.lookup((elements,)) if table else None
 
     def moe_s(self, key: tuple[str, int, int, int, int, int, int], tokens: float) -> float | None:
         table = self.moe.get(key)

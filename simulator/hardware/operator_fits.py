@@ -236,14 +236,17 @@ class OperatorFit(Frozen):
 class CollectiveCurve(Frozen):
     """Measured time of the engine's all-reduce over ``ranks`` devices of one scale-up domain.
 
-    Knots ``[bytes, microseconds]`` as the engine runs it (custom one-/two-shot kernels for
+    Knots ``[elements, microseconds]`` as the engine runs it (custom one-/two-shot kernels for
     small messages, NCCL above), interpolated in log-log; outside the knots the link's
-    alpha-beta model applies.
+    alpha-beta model applies. The size is the message's element count of a 16-bit tensor, as
+    AIConfigurator's collector measures it (ai-dynamo/aiconfigurator
+    ``collector/collect_all_reduce.py``: ``message_size`` elements of bf16) and as the step
+    model prices the TP all-reduce (:data:`simulator.cost.operators.RESIDUAL_BYTES`).
     """
 
     ranks: int = Field(ge=2, description="Devices in the all-reduce group.")
     points: list[tuple[float, float]] = Field(min_length=2, description=(
-        "Message bytes and measured microseconds, increasing in bytes."))
+        "Message size (16-bit elements) and measured microseconds, increasing in size."))
 
     @model_validator(mode="after")
     def _increasing(self) -> CollectiveCurve:
@@ -251,20 +254,20 @@ class CollectiveCurve(Frozen):
         if any(b <= 0 for b in sizes) or any(t <= 0 for _, t in self.points):
             raise ValueError("points must be positive")
         if any(b2 <= b1 for b1, b2 in itertools.pairwise(sizes)):
-            raise ValueError("points must increase in bytes")
+            raise ValueError("points must increase in size")
         return self
 
     def log_knots(self) -> tuple[np.ndarray, np.ndarray]:
-        """Log bytes and log microseconds of the knots, as :meth:`seconds` interpolates them
+        """Log sizes and log microseconds of the knots, as :meth:`seconds` interpolates them
         (a caller pricing many messages computes them once and passes them in)."""
         return np.log([b for b, _ in self.points]), np.log([t for _, t in self.points])
 
-    def seconds(self, nbytes: float,
+    def seconds(self, elements: float,
                 knots: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
         sizes, times = knots if knots is not None else self.log_knots()
-        if nbytes <= 0:
+        if elements <= 0:
             return None
-        at = math.log(nbytes)
+        at = math.log(elements)
         if not sizes[0] <= at <= sizes[-1]:
             return None
         return float(np.exp(np.interp(at, sizes, times))) * 1e-6

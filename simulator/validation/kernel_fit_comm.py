@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.cost.collectives import allreduce_time
+from simulator.cost.operators import RESIDUAL_BYTES
 from simulator.hardware.operator_fits import CollectiveCurve
 from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_link
@@ -49,7 +50,9 @@ def allreduce_curves(folder: Path, device: DeviceProfile,
         if link is None or not held.any():
             continue
         after = np.array([curve.seconds(b) or math.nan for b in sizes[held]]) * 1e6
-        before = np.array([allreduce_time(b, n, link) for b in sizes[held]]) * 1e6
+        # The link model takes bytes: ``message_size`` counts 16-bit elements.
+        before = np.array([allreduce_time(b * RESIDUAL_BYTES, n, link)
+                           for b in sizes[held]]) * 1e6
         meas = us[held]
         rows.append({"device": device.name, "engine": engine, "op": f"allreduce_{n}", "kept": True,
                      "held_out_rows": int(held.sum()), "fit_rows": int(knots.sum()),
