@@ -130,6 +130,38 @@ def test_kernel_fit_recovers_the_causal_tail_and_the_softmax_floor() -> None:
     assert evaluate(measured, B200, fitted)["median_ape_after"] < 1.0
 
 
+def test_a_prefill_family_without_a_head_dimension_term_fits_its_causal_tail() -> None:
+    """MLA's prefill families carry no head-dimension exponent (one layout): their causal
+    logits follow the seven base constants directly, and the planted tail and re-read share
+    come back."""
+    from simulator.validation.kernel_fit import Samples, fit
+
+    true = CAUSAL.model_copy(update={"kv_reread_share": 0.4, "head_dim_exp": 0.0})
+    rng = np.random.default_rng(7)
+    n = 600
+    batch = rng.choice([1.0, 4.0, 16.0, 64.0], n)
+    isl = rng.choice([64.0, 1000.0, 4096.0, 16384.0], n)
+    heads = rng.choice([1.0, 2.0, 4.0, 16.0, 64.0, 128.0], n)
+    pairs = isl * (isl + 1) / 2
+    flops = 2 * heads * 320 * pairs * batch
+    reread = kv_reread_bytes(batch * pairs, heads * 576 * 2)
+    nbytes = batch * isl * (576 * 2 + heads * 320 * 2) + reread
+    hd = np.full(n, 128.0)
+
+    def samples(seconds: np.ndarray) -> Samples:
+        return Samples("attention_prefill_mla", "bf16", flops, nbytes, batch * heads,
+                       batch * isl * heads, seconds, heads == 4.0, "synthetic",
+                       tiles=(batch, isl, heads, heads, hd), kv_bytes=reread)
+
+    from simulator.validation.kernel_fit_predict import predict
+
+    measured = samples(predict(samples(np.ones(n)), B200, true, np.arange(n)))
+    fitted = fit(measured, B200, 256, causal=True)
+    assert fitted.head_dim_exp == 0.0
+    assert fitted.causal_tail == pytest.approx(0.6, abs=0.05)
+    assert fitted.kv_reread_share == pytest.approx(0.4, abs=0.05)
+
+
 @pytest.mark.kernels  # deselected by default; `pytest -m kernels` with the extra installed
 @pytest.mark.parametrize(("device", "op", "limit", "long_limit"), [
     ("B200", "attention_prefill", 9.0, 6.0),

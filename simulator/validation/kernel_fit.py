@@ -101,7 +101,7 @@ MOE_KERNEL_TILES: dict[str, tuple[tuple[int, int], ...]] = {
 ``get_candidate_tiles_sm90``: 128 x {16, 32, 64, 128, 256} and 256 x 128) with ``tile_n`` at
 least 64 (128 x 16 and 128 x 32 were offered on H100 and not chosen). No split-K: the grouped
 kernel has none."""
-CAUSAL_ENGINES = ("vllm",)
+CAUSAL_ENGINES = ("vllm", "trtllm", "sglang")
 """Engines whose prefill-attention fits are offered the causal tail, the K/V re-read share
 and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softmax_dim``),
 on their training shapes only: vLLM's, whose Blackwell prefill runs FlashInfer's
@@ -147,9 +147,12 @@ def _exp(v: float) -> float:
 def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
-            moe_kernel: str = "", causal: bool = False, softmax: bool = False) -> OperatorFit:
-    # x[8:10], with ``causal`` (prefill attention): the logits of causal_tail (0.05 to 2)
-    # and kv_reread_share; the last, with ``softmax``: log(softmax_dim / 64).
+            moe_kernel: str = "", causal: bool = False, softmax: bool = False,
+            head_dim: bool = True) -> OperatorFit:
+    # With ``causal`` (prefill attention), after the head-dimension exponent (``head_dim``:
+    # the family has one, x[7]): the logits of causal_tail (0.05 to 2) and kv_reread_share;
+    # the last, with ``softmax``: log(softmax_dim / 64).
+    c = 8 if head_dim else 7
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
@@ -158,9 +161,9 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "row_overlap": _sig(x[9]) if len(x) > 9 else 0.0,
         "group_memory": 0.5 + 1.5 * _sig(x[10]) if len(x) > 9 else 1.0,
         "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0, "row_unit": "kv_head"} if group_limit else {
-        "head_dim_exp": float(np.clip(x[7], -2, 2)) if len(x) > 7 else 0.0,
-        "causal_tail": 0.05 + 1.95 * _sig(x[8]) if causal and tile_m else 0.0,
-        "kv_reread_share": _sig(x[9]) if causal and tile_m else 1.0,
+        "head_dim_exp": float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7 else 0.0,
+        "causal_tail": 0.05 + 1.95 * _sig(x[c]) if causal and tile_m else 0.0,
+        "kv_reread_share": _sig(x[c + 1]) if causal and tile_m else 1.0,
         "softmax_dim": min(64.0 * _exp(x[-1]), 1024.0) if softmax else 0.0}
     return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
@@ -209,8 +212,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f = samples.flops[idx]
+    has_hd = samples.head_dim is not None
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
-                    dispatch, group_limit, moe_kernel, causal, softmax)
+                    dispatch, group_limit, moe_kernel, causal, softmax, has_hd)
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
     share = causal_shares(samples, start, device, idx)
     log_t = np.log(samples.seconds[idx])
@@ -219,7 +223,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
-                        group_limit, moe_kernel, causal, softmax)
+                        group_limit, moe_kernel, causal, softmax, has_hd)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -255,7 +259,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
-                            softmax))
+                            softmax, has_hd))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
