@@ -104,9 +104,9 @@ kernel has none."""
 CAUSAL_ENGINES = ("vllm", "trtllm", "sglang")
 """Engines whose prefill-attention fits are offered the causal tail, the K/V re-read share
 and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softmax_dim``),
-on their training shapes only: vLLM's, whose Blackwell prefill runs FlashInfer's
-persistent TensorRT-LLM-gen kernel (docs/VALIDATION.md). TensorRT-LLM's and SGLang's prefill
-fits have not been offered them yet."""
+on their training shapes only: all three (on Blackwell each runs the persistent
+TensorRT-LLM-gen prefill kernel, vLLM and SGLang through FlashInfer; elsewhere the training
+shapes decide whether the terms help; docs/VALIDATION.md)."""
 GROUP_LIMIT_CHOICES: dict[str, tuple[int, ...]] = {"trtllm": (8, 16, 32, 64)}
 """Group limits (``OperatorFit.group_limit``) an engine's decode-attention fit may choose,
 on its training shapes only, against none: TensorRT-LLM's XQA kernels take up to 32 query
