@@ -195,3 +195,30 @@ def test_the_shipped_blackwell_prefill_fits_on_held_out_measured_shapes(
     assert long.sum() > 200
     assert np.median(ape) <= limit
     assert np.median(ape[long]) <= long_limit
+
+
+def test_a_family_without_reread_bytes_or_head_dimension_fits_neither_term() -> None:
+    """MLA prefill reads its latent once (no per-block re-read) and has one head dimension:
+    its fit carries no re-read share and no softmax floor that the step model would ignore."""
+    from simulator.validation.kernel_fit import Samples, fit_family
+    from simulator.validation.kernel_fit_predict import predict
+
+    rng = np.random.default_rng(3)
+    n = 500
+    batch = rng.choice([1.0, 4.0, 16.0, 64.0], n)
+    isl = rng.choice([64.0, 1000.0, 4096.0, 16384.0], n)
+    heads = rng.choice([1.0, 2.0, 4.0, 16.0, 64.0, 128.0], n)
+    pairs = isl * (isl + 1) / 2
+    flops = 2 * heads * 320 * pairs * batch
+    nbytes = batch * isl * (576 * 2 + heads * 320 * 2)
+
+    def samples(seconds: np.ndarray) -> Samples:
+        return Samples("attention_prefill_mla", "bf16", flops, nbytes, batch * heads,
+                       batch * isl * heads, seconds, heads == 4.0, "synthetic",
+                       tiles=(batch, isl, heads, heads, np.full(n, 128.0)))
+
+    measured = samples(predict(samples(np.ones(n)), B200, CAUSAL, np.arange(n)))
+    _, fitted = fit_family(measured, B200)
+    assert fitted.causal_tail > 0
+    assert fitted.kv_reread_share == 1.0
+    assert fitted.softmax_dim == 0.0

@@ -148,10 +148,11 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
-            head_dim: bool = True) -> OperatorFit:
+            head_dim: bool = True, reread: bool = True) -> OperatorFit:
     # With ``causal`` (prefill attention), after the head-dimension exponent (``head_dim``:
     # the family has one, x[7]): the logits of causal_tail (0.05 to 2) and kv_reread_share;
-    # the last, with ``softmax``: log(softmax_dim / 64).
+    # the last, with ``softmax``: log(softmax_dim / 64). A family without re-read bytes
+    # (``reread`` false: MLA, whose latent is read once) keeps kv_reread_share 1.
     c = 8 if head_dim else 7
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
@@ -163,7 +164,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0, "row_unit": "kv_head"} if group_limit else {
         "head_dim_exp": float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7 else 0.0,
         "causal_tail": 0.05 + 1.95 * _sig(x[c]) if causal and tile_m else 0.0,
-        "kv_reread_share": _sig(x[c + 1]) if causal and tile_m else 1.0,
+        "kv_reread_share": _sig(x[c + 1]) if causal and tile_m and reread else 1.0,
         "softmax_dim": min(64.0 * _exp(x[-1]), 1024.0) if softmax else 0.0}
     return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
@@ -212,9 +213,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f = samples.flops[idx]
-    has_hd = samples.head_dim is not None
+    has_hd, has_reread = samples.head_dim is not None, samples.kv_bytes is not None
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
-                    dispatch, group_limit, moe_kernel, causal, softmax, has_hd)
+                    dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread)
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
     share = causal_shares(samples, start, device, idx)
     log_t = np.log(samples.seconds[idx])
@@ -223,7 +224,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
-                        group_limit, moe_kernel, causal, softmax, has_hd)
+                        group_limit, moe_kernel, causal, softmax, has_hd, has_reread)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -259,7 +260,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
-                            softmax, has_hd))
+                            softmax, has_hd, has_reread))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
@@ -300,8 +301,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
                 consider(samples, unit, fit(samples, device, tile_m, causal=True))
-                consider(samples, unit, fit(samples, device, tile_m, causal=True,
-                                            softmax=True))
+                if family.head_dim is not None:  # the floor scales with the head dimension
+                    consider(samples, unit, fit(samples, device, tile_m, causal=True,
+                                                softmax=True))
     assert best is not None
     if family.decode and family.group is not None and group_limits and len(variants) > 1:
         # Rows per KV head: the grouped kernel's blocks (decode_group scales the others').
