@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -221,6 +222,23 @@ def test_stale_temporary_files_are_ignored_and_removed(tmp_path: Path) -> None:
     (store.runs / ".tmp-99-abc").mkdir()
     ResultStore(tmp_path)
     assert not list(store.runs.glob(".tmp-*"))
+
+
+def test_a_row_being_written_is_not_listed_as_a_saved_row(tmp_path: Path) -> None:
+    """A reader listing ``runs/*.json`` (pathlib and pandas match hidden names) while a row is
+    being written, or after a SIGKILL left its temporary file, sees only whole rows."""
+    store = ResultStore(tmp_path)
+    seen: list[list[str]] = []
+    real_replace = os.replace
+
+    def listing_then_replace(src: object, dst: object) -> None:
+        seen.append(sorted(p.name for p in store.runs.glob("*.json")))
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    with mock.patch("simulator.runner.store.os.replace", listing_then_replace):
+        store.save({"run_id": "abc", "status": "ok"})
+    assert seen == [[]]  # the temporary file exists here and is not a ``*.json``
+    assert [p.name for p in store.runs.glob("*.json")] == ["abc.json"]
 
 
 def test_frames_and_seed_aggregates(tmp_path: Path) -> None:

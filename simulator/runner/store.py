@@ -21,8 +21,16 @@ if TYPE_CHECKING:
     from simulator.runner.sweep import RunTask, Sweep
 
 
+def temp_name(path: Path) -> Path:
+    """Where ``path`` is written before its rename: a hidden ``.tmp-`` name in the same
+    folder that keeps none of the final suffix, so a reader listing ``runs/*.json`` (pathlib
+    and pandas match hidden names) never sees a half-written row, even one a killed sweep
+    left behind."""
+    return path.with_name(f".tmp-{os.getpid()}-{path.name}.part")
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp = temp_name(path)
     write(tmp)
     os.replace(tmp, path)
 
@@ -62,7 +70,7 @@ class ResultStore:
         run_id = row["run_id"]
         if result is not None:
             final = self.runs / run_id
-            tmp = self.runs / f".tmp-{os.getpid()}-{run_id}"
+            tmp = temp_name(final)
             result.save(tmp)
             if final.exists():
                 shutil.rmtree(final)
