@@ -171,7 +171,7 @@ class Reference(InstanceCostModel):
             per_pair = 4 * heads * m.head_dim
         io_width = (m.q_width + m.attn_out_width) / t
         kv_token = self.kv_elements_per_token_per_layer_device() * self._kvb
-        nbytes = b.prefill_kv_tokens * kv_token + tokens * io_width * self._ab
+        nbytes = b.prefill_kv_tokens * kv_token + tokens * io_width * self._hb
         fit = self._fits.get("attention_prefill")
         if m.attention != "mla":
             reread = kv_reread_bytes(pairs, kv_token)
@@ -214,7 +214,7 @@ class Reference(InstanceCostModel):
             per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
         else:
             per_ctx = 4 * heads * m.head_dim
-        return per_ctx * ctx, ctx * kv_elems * self._kvb + seqs * io_width * self._ab
+        return per_ctx * ctx, ctx * kv_elems * self._kvb + seqs * io_width * self._hb
 
     def _attention(self, acc: _Acc, b: BatchShape, count: float, decode: bool = True) -> None:
         heads = self.model.num_attention_heads / self.parallelism.tp
@@ -225,7 +225,7 @@ class Reference(InstanceCostModel):
             per_pair, _ = self._decode_attention_work(0, 1.0)
             _, kv_bytes = self._decode_attention_work(0, float(b.prefill_kv_tokens))
             io = b.prefill_tokens * (self.model.q_width + self.model.attn_out_width) / \
-                self.parallelism.tp * self._ab
+                self.parallelism.tp * self._hb
             units, quant = self._decode_units(b.prefill_seqs, b.prefill_kv_tokens)
             q = (b.prefill_tokens / b.prefill_seqs
                  if fit is not None and fit.row_unit == "query_head" else 1.0)

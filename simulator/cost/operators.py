@@ -77,6 +77,10 @@ class OperatorPricing:
     _cp: str
     _wb: float
     _ab: float
+    _hb: float
+    """Bytes per element of the tensors kernels hand each other outside a GEMM's input: GEMM
+    and attention outputs, the residual, norm and activation inputs (:data:`RESIDUAL_BYTES`,
+    or the activation precision where that is wider)."""
     _kvb: float
     _attn_params: float
     _attn_out: float
@@ -211,7 +215,7 @@ class OperatorPricing:
         seqs, tokens, pairs = b.prefill_seqs, b.prefill_tokens, b.prefill_attn_pairs
         heads, per_pair = self._q_heads, self._prefill_per_pair
         kv_token = self._kv_elems * self._kvb
-        nbytes = b.prefill_kv_tokens * kv_token + tokens * self._attn_io * self._ab
+        nbytes = b.prefill_kv_tokens * kv_token + tokens * self._attn_io * self._hb
         fit = self._fits.get("attention_prefill")
         if m.attention != "mla":  # K/V re-read per query block (FlashAttention-class)
             reread = kv_reread_bytes(pairs, kv_token)
@@ -257,7 +261,7 @@ class OperatorPricing:
         """FLOPs and bytes of one layer's decode attention on one device (the KV bytes of
         the engine's kernel for this head layout: ``OperatorFit.decode_group``)."""
         flops = self._decode_per_ctx * ctx
-        nbytes = ctx * self._decode_kv_elems * self._kvb + seqs * self._attn_io * self._ab
+        nbytes = ctx * self._decode_kv_elems * self._kvb + seqs * self._attn_io * self._hb
         return flops, nbytes
 
     # ----- operators -----------------------------------------------------------------
@@ -302,7 +306,9 @@ class OperatorPricing:
         if tokens <= 0 or times <= 0:
             return
         flops = 2.0 * tokens * params
-        nbytes = params * self._wb + tokens * (in_width + out_width) * self._ab
+        # The input at the GEMM's activation precision, the output 16-bit (an FP8 or NVFP4
+        # GEMM writes the model's 16-bit dtype, as the kernel tables' GEMMs do).
+        nbytes = params * self._wb + tokens * (in_width * self._ab + out_width * self._hb)
         k_sum = sum(k for _, k in shapes) if shapes is not None else in_width
         quant = 1.0
         fit = self._fits.get(label)
@@ -349,7 +355,11 @@ class OperatorPricing:
         # Norms, residual adds, rotary, activation: bandwidth-bound elementwise kernels.
         ffn_width = (m.moe_intermediate_size * m.num_experts_per_token if moe
                      else m.intermediate_size) / t
-        elem_bytes = tokens * (8 * h + 3 * ffn_width) * self._ab
+        # Their traffic is 16-bit but for what they write as the next GEMM's input at its
+        # activation precision (an FP8/NVFP4 model's fused quantisation): the two normed
+        # hidden states and the gated activation.
+        elem_bytes = tokens * ((8 * h + 3 * ffn_width) * self._hb
+                               - (2 * h + ffn_width) * (self._hb - self._ab))
         self._op(acc, 0.0, elem_bytes, 3, count, "elementwise")
         if t > 1:
             self._allreduce(acc, tokens * h * RESIDUAL_BYTES, t, 2 * count)
@@ -375,7 +385,7 @@ class OperatorPricing:
         seqs, tokens = b.prefill_seqs, b.prefill_tokens
         flops = self._decode_per_ctx * b.prefill_attn_pairs
         nbytes = (b.prefill_kv_tokens * self._decode_kv_elems * self._kvb
-                  + tokens * self._attn_io * self._ab)
+                  + tokens * self._attn_io * self._hb)
         units, quant = self._decode_units(seqs, b.prefill_kv_tokens)
         fit = self._fits.get("attention_decode")
         per_seq = tokens / seqs if fit is not None and fit.row_unit == "query_head" else 1.0
@@ -409,7 +419,7 @@ class OperatorPricing:
         tokens_here = routed / par.ep * self.moe_imbalance
         width = m.moe_intermediate_size / par.expert_tp
         flops = 2.0 * tokens_here * expert_params
-        nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._ab
+        nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._hb
         # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
         quant = self._quant("moe", (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
         self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, tokens * h,

@@ -19,7 +19,7 @@ from simulator.cost.collectives import p2p_time
 from simulator.cost.dp_attention import rank_batch, series_by_steps, two_batch_overlap_step
 from simulator.cost.host import HostModel
 from simulator.cost.moe_comm import DeepEPMode, EPGroup
-from simulator.cost.operators import OperatorPricing
+from simulator.cost.operators import RESIDUAL_BYTES, OperatorPricing
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_blocks, decode_units
 from simulator.hardware.operator_fits import OperatorFit
@@ -78,6 +78,7 @@ class InstanceCostModel(OperatorPricing):
             raise ValueError("tp > 1 needs a TP link")
         self._wb = bytes_per_element(self.precisions.weights)
         self._ab = bytes_per_element(self.precisions.activations)
+        self._hb = max(self._ab, RESIDUAL_BYTES)
         self._kvb = bytes_per_element(self.precisions.kv_cache)
         self._cp = compute_precision(self.precisions.weights, self.precisions.activations)
         self._stage_layers = split_layers(m.num_layers, par.pp, par.balanced_stages)
@@ -323,7 +324,7 @@ class InstanceCostModel(OperatorPricing):
             if index == last:
                 self._lm_head(acc, batch)
             if index < last and self.links.pp is not None:
-                acc.add_comm(p2p_time(batch.tokens * self.model.hidden_size * self._ab,
+                acc.add_comm(p2p_time(batch.tokens * self.model.hidden_size * self._hb,
                                       self.links.pp), "pp_p2p")
             acc.launch *= launch_scale
             if ops is not None and acc.ops is not None:

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             values = {parameters[0]: fit(rows, engine, parameters[0])}
         else:
             values = fit_joint(rows, engine, parameters)
-        shown = ", ".join(f"{k} = {v:.0f}" for k, v in values.items())
+        shown = ", ".join(f"{k} = {v:.1f}" for k, v in values.items())
         print(f"{engine}: {shown} ({len(rows)} calibration rows)")
 
 
