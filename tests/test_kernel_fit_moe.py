@@ -145,8 +145,68 @@ def test_the_shipped_vllm_fp8_moe_fits_price_held_out_layouts(device: str, media
     root = tables_root()
     assert root is not None
     assert dev.kernel_tables is not None
-    _, samples = _moe_version(root / dev.kernel_tables / "moe" / "vllm", "0.24.0")
-    (fp8,) = [s for s in samples if s.op == "moe_fp8"]
+    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "vllm", "0.24.0")
+    assert folder is not None
+    # Scored on the load the fit chose, the collector's timed rank (kernel_fit.MOE_ROUTINGS).
+    (fp8,) = [s for s in moe_samples(folder, "rank0") if s.op == "moe_fp8"]
     scored = evaluate(fp8, dev, dev.operators["vllm"].fits["moe_fp8"])
     assert scored["median_ape_after"] <= median
     assert scored["p90_ape_after"] <= p90
+
+
+# ----- The load of the timed EP rank under the collector's balanced routing ---------------
+
+def test_balanced_rank0_load_counts_the_experts_and_slots_of_the_first_rank() -> None:
+    """AIConfigurator's balanced routing (collector/helper.py ``balanced_logits``) on the rank
+    holding the first E / ep experts: one token over 64 ranks still puts one whole expert and
+    one token slot there (random routing expects 1/32 of an expert and an eighth of a slot);
+    32 tokens x top-8 over 256 experts hit all 256 (random routing: 163)."""
+    from simulator.validation.kernel_fit_samples import balanced_rank0_load
+
+    touched, slots = balanced_rank0_load(np.array([1.0, 32.0, 4.0, 4096.0]),
+                                         np.array([256.0, 256.0, 256.0, 128.0]),
+                                         np.array([8.0, 8.0, 8.0, 8.0]),
+                                         np.array([64.0, 1.0, 8.0, 128.0]))
+    assert touched.tolist() == [1.0, 256.0, 4.0, 1.0]
+    assert slots.tolist() == [1.0, 256.0, 4.0, 256.0]
+    for tokens in (1, 3, 16, 100, 2048):  # one rank: every slot, min(E, slots) experts
+        t, s = balanced_rank0_load(np.array([tokens]), np.array([160.0]), np.array([8.0]),
+                                   np.array([1.0]))
+        assert (t[0], s[0]) == (min(160, 8 * tokens), 8 * tokens)
+
+
+def test_kernel_fit_recovers_timings_made_on_the_timed_ranks_load(tmp_path: Path) -> None:
+    """Timings of the balanced routing's rank-0 load (a roofline with a floor): priced with
+    that load (``routing="rank0"``) the fit reproduces them; priced with the expected load
+    of random routing, the small-batch, many-rank shapes (a fraction of an expert's weights)
+    leave a fifth of them 10 % or more off."""
+    from simulator.validation.kernel_fit import fit_family, training_ape
+    from simulator.validation.kernel_fit_predict import predict
+    from simulator.validation.kernel_fit_samples import balanced_rank0_load
+
+    made = OperatorFit(compute=0.6, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=8.0)
+    rows = []
+    for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
+                                    (7168, 2048, 8, 256), (3072, 1024, 8, 256),
+                                    (2048, 512, 8, 256), (6144, 2560, 8, 160)):
+        for tokens in (1, 4, 16, 64, 256, 1024, 4096):
+            for ep in (1, 4, 16, 32):
+                touched, slots = balanced_rank0_load(*(np.array([float(v)]) for v in (
+                    tokens, experts, topk, ep)))
+                flops = 2 * slots[0] * 3 * h * inter
+                nbytes = touched[0] * 3 * h * inter * 2 + slots[0] * (2 * h + 2 * inter) * 2
+                ms = float(made.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth, flops,
+                                        nbytes)) * 1e3
+                rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1, ep,
+                             "balanced", ms))
+    _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+    (rank0,) = moe_samples(tmp_path, "rank0")
+    (expected,) = moe_samples(tmp_path)
+    no_tiles = H100.model_copy(update={"sm_count": None})
+    _, on_rank0 = fit_family(rank0, no_tiles)
+    _, on_expected = fit_family(expected, no_tiles)
+    assert training_ape(rank0, no_tiles, on_rank0) < 1.0
+    assert training_ape(expected, no_tiles, on_expected) > 2.0
+    off = np.abs(predict(expected, no_tiles, on_expected, np.arange(len(rows)))
+                 / expected.seconds - 1)
+    assert np.percentile(off, 80) > 0.10

@@ -101,6 +101,14 @@ MOE_KERNEL_TILES: dict[str, tuple[tuple[int, int], ...]] = {
 ``get_candidate_tiles_sm90``: 128 x {16, 32, 64, 128, 256} and 256 x 128) with ``tile_n`` at
 least 64 (128 x 16 and 128 x 32 were offered on H100 and not chosen). No split-K: the grouped
 kernel has none."""
+MOE_ROUTINGS = ("expected", "rank0")
+"""The load of the timed EP rank a MoE family's samples are priced with
+(:func:`simulator.validation.kernel_fit_samples.moe_samples`), chosen per family on its
+training shapes only: the step model's expected load under random routing, or the load the
+collector's balanced routing puts on the rank it times (at least one whole expert hit and
+one token slot on it, every hit expert distinct:
+:func:`~simulator.validation.kernel_fit_samples.balanced_rank0_load`). Only the samples
+change: the fitted function is the one the step model prices its own (expected) load with."""
 CAUSAL_ENGINES = ("vllm", "trtllm", "sglang")
 """Engines whose prefill-attention fits are offered the causal tail, the K/V re-read share
 and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softmax_dim``),
@@ -379,9 +387,11 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         used.append(f"mla/{engine}/{folder.name}")
         samples += mla_samples(folder)
     folder, moe = _moe_version(base / "moe" / engine, version)
+    rank0: dict[str, Samples] = {}
     if folder is not None:
         used.append(f"moe/{engine}/{folder.name}")
         samples += moe
+        rank0 = {s.op: s for s in moe_samples(folder, "rank0")}
     fits: dict[str, OperatorFit] = {}
     rows: list[dict[str, Any]] = []
     curves: list[CollectiveCurve] = []
@@ -400,8 +410,14 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                        if device.kernel_tables in HOPPER_TABLES else ())
         s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
                                engine in CAUSAL_ENGINES)
+        if family.op in rank0:  # the timed rank's load: see MOE_ROUTINGS
+            s0, f0 = fit_family(rank0[family.op], device, dispatches, limits, moe_kernels)
+            if training_ape(s0, device, f0) < training_ape(s, device, fitted):
+                s, fitted = s0, f0
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
+        if s.op in rank0:
+            row["moe_load"] = "rank0" if s is rank0[s.op] else "expected"
         # Keep a fit only where it beats the device-wide constants on the shapes it was
         # fitted on (the held-out shapes are never used to choose).
         row["kept"] = training_ape(s, device, fitted) < training_ape(s, device, None)

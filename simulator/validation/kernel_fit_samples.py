@@ -9,6 +9,8 @@ the leave-shapes-out mask. Nothing else in the package is opened.
 
 from __future__ import annotations
 
+import functools
+import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,8 +245,46 @@ def gated_moe(mo: pd.DataFrame) -> pd.DataFrame:
     return mo[~non_gated]
 
 
-def moe_samples(folder: Path) -> list[Samples]:
-    """Gated MoE layers (:func:`gated_moe`) under balanced routing, BF16 and FP8."""
+def balanced_rank0_load(tokens: np.ndarray, experts: np.ndarray, topk: np.ndarray,
+                        ep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(experts hit, token slots)`` of EP rank 0 under AIConfigurator's balanced routing.
+
+    The collector's ``balanced`` rows route token ``t``'s ``i``-th choice to expert
+    ``(t + i * stride) % E``, ``stride = ceil(E / topk)``, or with fewer tokens than
+    ``stride`` to ``floor(t * stride / tokens + i * stride) % E`` (ai-dynamo/aiconfigurator
+    collector/helper.py ``balanced_logits``), and times one rank holding the first ``E / ep``
+    experts: the routing of every token is built over the model's experts and the module keeps
+    rank 0's expert map (collector/vllm/collect_moe.py, collector/trtllm/collect_moe.py: the
+    fused MoE module built with the EP mapping of rank 0). The timed rank therefore always
+    holds at least one hit expert with at least one token, and with few tokens every hit
+    expert is a distinct one: ``min(E, tokens x topk)`` experts in all rather than the
+    expectation under random routing, ``E x (1 - (1 - topk / E) ** tokens)``.
+    """
+    out = [_rank0_load(int(t), int(e), int(k), int(p))
+           for t, e, k, p in zip(tokens, experts, topk, ep, strict=True)]
+    load = np.array(out, dtype=float).reshape(-1, 2)
+    return load[:, 0], load[:, 1]
+
+
+@functools.cache
+def _rank0_load(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int]:
+    stride = math.ceil(experts / topk)
+    t = np.arange(tokens, dtype=float)[:, None]
+    i = np.arange(topk, dtype=float)[None, :]
+    offset = t if tokens >= stride else np.floor(t * stride / tokens)
+    chosen = (offset + i * stride).astype(np.int64) % experts
+    # A token's choices are distinct experts (they are stride apart), so no slot is lost.
+    counts = np.bincount(chosen.ravel(), minlength=experts)[: experts // ep]
+    return int((counts > 0).sum()), int(counts.sum())
+
+
+def moe_samples(folder: Path, routing: str = "expected") -> list[Samples]:
+    """Gated MoE layers (:func:`gated_moe`) under balanced routing, BF16 and FP8.
+
+    ``routing``: the load of the timed EP rank. ``expected``: the step model's, each token's
+    experts drawn at random (experts hit ``E / ep x (1 - (1 - topk / E) ** tokens)``, token
+    slots ``tokens x topk / ep``); ``rank0``: the collector's balanced routing on rank 0
+    (:func:`balanced_rank0_load`)."""
     path = folder / "moe_perf.parquet"
     if not path.is_file():
         return []
@@ -260,16 +300,18 @@ def moe_samples(folder: Path) -> list[Samples]:
             continue
         tokens, h, inter, topk, experts, tp, ep = (p[c].to_numpy(float) for c in shape[:7])
         expert = 3 * h * inter / tp
-        experts_here = experts / ep
-        p_hit = 1.0 - (1.0 - topk / experts) ** tokens
-        tokens_here = tokens * topk / ep
+        if routing == "rank0":
+            touched, tokens_here = balanced_rank0_load(tokens, experts, topk, ep)
+        else:
+            p_hit = 1.0 - (1.0 - topk / experts) ** tokens
+            touched, tokens_here = experts / ep * p_hit, tokens * topk / ep
         flops = 2 * tokens_here * expert
-        nbytes = (experts_here * p_hit * expert * bytes_per_element(precision)
+        nbytes = (touched * expert * bytes_per_element(precision)
                   + tokens_here * (2 * h + 2 * inter / tp) * 2)
         keys = p[shape[1:7]].astype(str).agg("/".join, axis=1)
-        touched = experts_here * p_hit
         out.append(Samples("moe" if precision == "bf16" else "moe_fp8", precision, flops,
                            nbytes, tokens_here, tokens * h, p["latency"].to_numpy(float) * 1e-3,
-                           _held_out(keys), f"{path} ({dtype}, balanced)",
-                           tiles=(touched, tokens_here / touched, 2 * inter / tp, h)))
+                           _held_out(keys), f"{path} ({dtype}, balanced, {routing} load)",
+                           tiles=(touched, tokens_here / np.maximum(touched, 1e-9),
+                                  2 * inter / tp, h)))
     return out
