@@ -89,6 +89,40 @@ def _parts(key: Any) -> tuple[Any, ...]:
     return tuple(key) if isinstance(key, tuple) else (key,)
 
 
+DEFAULT_ATTENTION_KERNELS: dict[str, dict[str, tuple[str, ...]]] = {
+    "sglang": {"h100_sxm": ("fa3",), "h200_sxm": ("fa3",), "b200_sxm": ("trtllm_mha",),
+               "gb200": ("trtllm_mha",), "l40s": ("flashinfer",)},
+    "vllm": {"h100_sxm": ("vllm_flash_attn_fa3",), "h200_sxm": ("vllm_flash_attn_fa3",),
+             "b200_sxm": ("vllm_flashinfer_trtllmdecode", "vllm_flashinfer_trtllmprefill"),
+             "gb200": ("vllm_flashinfer_trtllmdecode", "vllm_flashinfer_trtllmprefill"),
+             "l40s": ("vllm_flash_attn_fa2", "vllm_flashinfer_fidecode",
+                      "vllm_flashinfer_fiprefill")},
+    "trtllm": {"b200_sxm": ("torch_flow",), "gb200": ("torch_flow",)},
+}
+"""The attention kernels (the tables' ``kernel_source``) each engine runs by default on each
+system; the tables also time other backends a deployment may choose, each on the head
+layouts it supports, and those rows are left out (a system or engine not listed keeps every
+row). SGLang picks FA3 on Hopper, TensorRT-LLM's MHA kernels (``trtllm_mha``) on Blackwell
+and FlashInfer elsewhere when ``--attention-backend`` is not given (sgl-project/sglang
+``python/sglang/srt/server_args.py``, ``_get_default_attn_backend``; docs/backend/
+attention_backend.md: "FA3 (Default for Hopper Machines)"), never its Triton kernels. vLLM's
+V1 selector takes FlashAttention on Hopper (FA3) and Ada (FA2, whose kernels have no FP8 KV
+cache, so an FP8 cache runs FlashInfer) and FlashInfer with TensorRT-LLM's decode and
+prefill kernels on Blackwell (vllm-project/vllm ``vllm/platforms/cuda.py``,
+``get_attn_backend_cls``); its Triton and FA4 rows are other backends. TensorRT-LLM's PyTorch
+flow runs its own ``TRTLLM`` attention backend unless ``attn_backend: flashinfer`` is set
+(``tensorrt_llm/llmapi/llm_args.py``, ``attn_backend`` default ``TRTLLM``)."""
+
+
+def default_attention(frame: pd.DataFrame, engine: str, system: str | None) -> pd.DataFrame:
+    """The rows of the kernels ``engine`` runs by default on ``system``
+    (:data:`DEFAULT_ATTENTION_KERNELS`); every row where none is named."""
+    kernels = DEFAULT_ATTENTION_KERNELS.get(engine, {}).get(system or "")
+    if not kernels or "kernel_source" not in frame:
+        return frame
+    return frame[frame["kernel_source"].isin(kernels)]
+
+
 def plain_attention(frame: pd.DataFrame) -> pd.DataFrame:
     """Full (no sliding window), beam-1 attention rows; ``step`` 0 where not recorded."""
     for column, value in (("window_size", 0), ("beam_width", 1)):
@@ -138,7 +172,7 @@ def read_tables(root: Path, system: str, engine: str, version: str | None = None
                                      ("generation_attention_perf.parquet", generation, "kv_len")):
             if not (d / name).is_file():
                 continue
-            a = plain_attention(pd.read_parquet(d / name))
+            a = default_attention(plain_attention(pd.read_parquet(d / name)), engine, system)
             a["kv_dtype"] = a["kv_cache_dtype"].map(_DTYPES)
             # Generation rows: one new token on isl prompt tokens after `step` decode steps.
             a["kv_len"] = a["isl"] + a["step"]

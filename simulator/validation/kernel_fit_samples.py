@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.cost.roofline import decode_units, kv_reread_bytes
-from simulator.runner.kernel_tables import plain_attention
+from simulator.runner.kernel_tables import default_attention, plain_attention
 from simulator.units import bytes_per_element
 
 HOLDOUT_SHARE = 0.25
@@ -100,7 +100,9 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
                      ("generation_attention_perf.parquet", "attention_decode")):
         if not (folder / name).is_file():
             continue
-        a = plain_attention(pd.read_parquet(folder / name))
+        # .../systems/data/<system>/attention/<engine>/<version>: the engine's default kernels
+        a = default_attention(plain_attention(pd.read_parquet(folder / name)),
+                              folder.parent.name, folder.parents[2].name)
         a = a[a["kv_cache_dtype"].isin(_KV)]
         shape = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
                  "kv_cache_dtype"]
