@@ -22,7 +22,7 @@ from simulator.cost.moe_comm import DeepEPMode, EPGroup
 from simulator.cost.operators import RESIDUAL_BYTES, OperatorPricing
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_blocks, decode_units
-from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.operator_fits import OperatorFit, moe_kernel_family
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
@@ -170,7 +170,13 @@ class InstanceCostModel(OperatorPricing):
             fit = fits.get(label + mla + kv8) or fits.get(label + mla)
             if fit is not None:
                 out[label] = fit
-        moe = fits.get("moe_fp8" if low == "_fp8" else "moe" if not low else "")
+        # The MoE kernel the engine dispatches for this architecture (SGLang on Blackwell:
+        # FlashInfer's TensorRT-LLM MoE or Triton), where the profile has a fit of each.
+        base = "moe_fp8" if low == "_fp8" else "moe" if not low else ""
+        kernel = moe_kernel_family(self.engine, self.model.architecture,
+                                   low.removeprefix("_") or "bf16")
+        moe = fits.get(base + kernel) if base and kernel else None
+        moe = moe or fits.get(base)
         if moe is not None:
             out["moe"] = moe
         return out

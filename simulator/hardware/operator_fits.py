@@ -25,9 +25,43 @@ OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "at
                         "attention_prefill_kv_fp8", "attention_decode_kv_fp8",
                         "attention_prefill_mla", "attention_decode_mla",
                         "attention_prefill_mla_kv_fp8", "attention_decode_mla_kv_fp8",
-                        "moe", "moe_fp8", "elementwise"]
+                        "moe", "moe_fp8", "moe_flashinfer_trtllm", "elementwise"]
 """``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit);
-``*_mla``: multi-head latent attention (DeepSeek-V2/V3), whose kernels are not the GQA ones."""
+``*_mla``: multi-head latent attention (DeepSeek-V2/V3), whose kernels are not the GQA ones;
+``moe_flashinfer_trtllm``: BF16 experts on FlashInfer's TensorRT-LLM fused MoE, which SGLang
+runs for some architectures on Blackwell (:func:`moe_kernel_family`)."""
+
+SGLANG_FLASHINFER_TRTLLM_MOE: dict[str, tuple[str, ...]] = {
+    "Qwen3MoeForCausalLM": ("bf16", "fp8", "fp4"),
+    "Qwen3VLMoeForConditionalGeneration": ("bf16", "fp8", "fp4"),
+    "Qwen3NextForCausalLM": ("bf16", "fp8", "fp4"),
+    "Qwen3_5MoeForConditionalGeneration": ("bf16", "fp8", "fp4"),
+    "DeepseekV3ForCausalLM": ("fp8", "fp4"),
+    "GlmMoeDsaForCausalLM": ("bf16", "fp8", "fp4"),
+}
+"""Architectures (and expert precisions) SGLang runs on FlashInfer's TensorRT-LLM fused MoE
+(``--moe-runner-backend flashinfer_trtllm``) on Blackwell SM100 when the backend is left at
+``auto`` and no all-to-all backend is set; every other case of ``auto`` runs BF16 experts on
+the Triton fused MoE. From sgl-project/sglang python/sglang/srt/server_args.py
+(``ServerArgs._handle_model_specific_adjustments``, SGLang 0.5.x, the series of the 0.5.14
+tables): the Qwen3 MoE family (Qwen3-MoE, Qwen3-VL-MoE, Qwen3-Next, Qwen3.5-MoE) with
+unquantised, FP8 or ModelOpt FP4 experts; DeepSeek-V3 with FP8 or ModelOpt FP8/FP4 experts.
+The engine's B200 and GB200 tables agree layout by layout (the ``kernel_source`` column of
+aiconfigurator-core 0.12.0 systems/data/{b200_sxm,gb200}/moe/sglang/0.5.14/moe_perf.parquet):
+the Qwen3 and Qwen3.5 MoE layouts on ``sglang_flashinfer_trtllm_moe``, Mixtral, Llama-4 and
+Gemma-4 on ``sglang_fused_moe_triton``. GLM-5 (``GlmMoeDsaForCausalLM``) is listed from the
+tables, which time its BF16 experts on the TensorRT-LLM kernel."""
+
+
+def moe_kernel_family(engine: str | None, architecture: str, precision: str) -> str:
+    """The fit label suffix of the MoE kernel ``engine`` runs for a model of
+    ``architecture`` with experts at ``precision``: ``'_flashinfer_trtllm'`` where SGLang
+    selects FlashInfer's TensorRT-LLM MoE (:data:`SGLANG_FLASHINFER_TRTLLM_MOE`), else ''.
+    The step model applies it only where the device's profile holds that fit (the engine's
+    tables timed the kernel there: Blackwell SM100)."""
+    if engine == "sglang" and precision in SGLANG_FLASHINFER_TRTLLM_MOE.get(architecture, ()):
+        return "_flashinfer_trtllm"
+    return ""
 
 HEAD_DIM_REF = 128
 """Head dimension at which :attr:`OperatorFit.head_dim_exp` scales nothing."""

@@ -69,6 +69,10 @@ class ModelConfig(BaseModel):
     first_dense_layers: int = Field(
         0, ge=0, description="Leading layers with a dense FFN in a MoE model (DeepSeek: 3)."
     )
+    architecture: str = Field("", description=(
+        "Hugging Face architecture class (config.json `architectures[0]`, e.g. "
+        "`Qwen3MoeForCausalLM`); engines choose some kernels by it "
+        "(simulator.hardware.operator_fits.moe_kernel_family)."))
     source: str = Field("", description="Where the shapes come from.")
 
     @model_validator(mode="after")

@@ -55,7 +55,7 @@ _ENTRIES: list[dict[str, Any]] = [
           num_layers=32, hidden_size=4096, num_attention_heads=32,
          num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32000,
          max_context_tokens=32768, num_experts=8, num_experts_per_token=2,
-         moe_intermediate_size=14336,
+         moe_intermediate_size=14336, architecture="MixtralForCausalLM",
          source="Mixtral of Experts, arXiv 2401.04088 Table 1; HF config.json"),
     dict(name="Qwen2.5-72B", hf_ids=("Qwen/Qwen2.5-72B", "Qwen/Qwen2.5-72B-Instruct"),
           num_layers=80, hidden_size=8192, num_attention_heads=64,
@@ -66,7 +66,8 @@ _ENTRIES: list[dict[str, Any]] = [
           num_layers=94, hidden_size=4096, num_attention_heads=64,
          num_kv_heads=4, head_dim=128, intermediate_size=12288, vocab_size=151936,
          max_context_tokens=40960, qk_norm=True, num_experts=128, num_experts_per_token=8,
-         moe_intermediate_size=1536, source="HF Qwen/Qwen3-235B-A22B config.json"),
+         moe_intermediate_size=1536, architecture="Qwen3MoeForCausalLM",
+         source="HF Qwen/Qwen3-235B-A22B config.json"),
     # released in fp8: config.json quantization_config fmt e4m3, weight_block_size 128x128
     dict(name="DeepSeek-V3", released_precision="fp8",
          hf_ids=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324"),
@@ -75,7 +76,7 @@ _ENTRIES: list[dict[str, Any]] = [
          max_context_tokens=131072, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
          qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_experts=256,
          num_experts_per_token=8, moe_intermediate_size=2048, num_shared_experts=1,
-         first_dense_layers=3,
+         first_dense_layers=3, architecture="DeepseekV3ForCausalLM",
          source="deepseek-ai/DeepSeek-V3:inference/configs/config_671B.json@9b4e978"),
     dict(name="OPT-13B", released_precision="fp16", hf_ids=("facebook/opt-13b",),
           num_layers=40, hidden_size=5120, num_attention_heads=40,
@@ -229,6 +230,12 @@ def _released(cfg: dict[str, Any]) -> str:
     return "fp16" if str(cfg.get("torch_dtype", "")) == "float16" else "bf16"
 
 
+def _architecture(cfg: dict[str, Any]) -> str:
+    """The first of ``architectures`` (the class the engines load), else ''."""
+    names = cfg.get("architectures")
+    return str(names[0]) if isinstance(names, list) and names else ""
+
+
 def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
     """Build a :class:`ModelConfig` from a Hugging Face ``config.json`` (file or folder)."""
     path = Path(path)
@@ -264,6 +271,7 @@ def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
         "tie_word_embeddings": r.flag("tie_word_embeddings",
                                       model_type not in UNTIED_BY_DEFAULT),
         "source": f"Hugging Face config.json at {file}",
+        "architecture": _architecture(cfg),
         "released_precision": _released(cfg),
     }
     head_dim = r.whole("head_dim")

@@ -109,6 +109,15 @@ collector's balanced routing puts on the rank it times (at least one whole exper
 one token slot on it, every hit expert distinct:
 :func:`~simulator.validation.kernel_fit_samples.balanced_rank0_load`). Only the samples
 change: the fitted function is the one the step model prices its own (expected) load with."""
+MOE_KERNEL_FAMILIES: dict[str, dict[str, str]] = {
+    "sglang": {"sglang_flashinfer_trtllm_moe": "_flashinfer_trtllm"}}
+"""MoE rows an engine's tables time on a second kernel (the table's ``kernel_source``), fitted
+as a family of their own (``moe`` + suffix, here ``moe_flashinfer_trtllm``) where a table holds
+them; the other rows stay the ``moe`` family. SGLang's Blackwell tables (b200_sxm, gb200, 0.5.14)
+time the Qwen3 and Qwen3.5 MoE layouts on FlashInfer's TensorRT-LLM MoE and the others on the
+Triton fused MoE, which one curve missed by about +27 % and -32 % (B200 median); the step
+model picks the family by SGLang's own rule
+(:func:`simulator.hardware.operator_fits.moe_kernel_family`)."""
 CAUSAL_ENGINES = ("vllm", "trtllm", "sglang")
 """Engines whose prefill-attention fits are offered the causal tail, the K/V re-read share
 and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softmax_dim``),
@@ -353,18 +362,19 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     return best[1], best[2]
 
 
-def _moe_version(folder: Path, version: str | None) -> tuple[Path | None, list[Samples]]:
+def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | None = None
+                 ) -> tuple[Path | None, list[Samples]]:
     """The MoE samples of ``version``, else of the newest version holding gated-expert rows
     (TensorRT-LLM 1.3.0rc23's H100/H200 tables time only non-gated Nemotron layouts, so its
     gated layouts come from rc20)."""
     if not folder.is_dir():
         return None, []
     if version is not None and (folder / version / "moe_perf.parquet").is_file():
-        return folder / version, moe_samples(folder / version)
+        return folder / version, moe_samples(folder / version, kernels=kernels)
     versions = sorted((p for p in folder.iterdir() if (p / "moe_perf.parquet").is_file()),
                       key=lambda p: _version_key(p.name), reverse=True)
     for path in versions:
-        if found := moe_samples(path):
+        if found := moe_samples(path, kernels=kernels):
             return path, found
     return None, []
 
@@ -386,12 +396,13 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     if folder is not None:
         used.append(f"mla/{engine}/{folder.name}")
         samples += mla_samples(folder)
-    folder, moe = _moe_version(base / "moe" / engine, version)
+    kernels = MOE_KERNEL_FAMILIES.get(engine)
+    folder, moe = _moe_version(base / "moe" / engine, version, kernels)
     rank0: dict[str, Samples] = {}
     if folder is not None:
         used.append(f"moe/{engine}/{folder.name}")
         samples += moe
-        rank0 = {s.op: s for s in moe_samples(folder, "rank0")}
+        rank0 = {s.op: s for s in moe_samples(folder, "rank0", kernels)}
     fits: dict[str, OperatorFit] = {}
     rows: list[dict[str, Any]] = []
     curves: list[CollectiveCurve] = []

@@ -10,6 +10,7 @@ the leave-shapes-out mask. Nothing else in the package is opened.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import zlib
 from dataclasses import dataclass
@@ -280,24 +281,32 @@ def _rank0_load(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int
     return int((counts > 0).sum()), int(counts.sum())
 
 
-def moe_samples(folder: Path, routing: str = "expected") -> list[Samples]:
+def moe_samples(folder: Path, routing: str = "expected",
+                kernels: dict[str, str] | None = None) -> list[Samples]:
     """Gated MoE layers (:func:`gated_moe`) under balanced routing, BF16 and FP8.
 
     ``routing``: the load of the timed EP rank. ``expected``: the step model's, each token's
     experts drawn at random (experts hit ``E / ep x (1 - (1 - topk / E) ** tokens)``, token
     slots ``tokens x topk / ep``); ``rank0``: the collector's balanced routing on rank 0
-    (:func:`balanced_rank0_load`)."""
+    (:func:`balanced_rank0_load`). ``kernels``: ``kernel_source`` -> suffix; those rows form
+    families of their own (``moe`` / ``moe_fp8`` + suffix), the others keep ``moe`` /
+    ``moe_fp8`` (:data:`simulator.validation.kernel_fit.MOE_KERNEL_FAMILIES`)."""
     path = folder / "moe_perf.parquet"
     if not path.is_file():
         return []
     mo = gated_moe(pd.read_parquet(path))
     mo = mo[(mo["distribution"] == "balanced") & mo["moe_dtype"].isin(["bfloat16", "fp8"])]
+    family = pd.Series("", index=mo.index)
+    for source, suffix in (kernels or {}).items():
+        family[mo["kernel_source"] == source] = suffix
+    mo = mo.assign(family=family)
     shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
-             "moe_ep_size", "moe_dtype"]
+             "moe_ep_size", "moe_dtype", "family"]
     mo = mo.groupby(shape)["latency"].min().reset_index()
     out = []
-    for dtype, precision in (("bfloat16", "bf16"), ("fp8", "fp8")):
-        p = mo[mo["moe_dtype"] == dtype]
+    for (dtype, precision), suffix in itertools.product(
+            (("bfloat16", "bf16"), ("fp8", "fp8")), ("", *sorted(set((kernels or {}).values())))):
+        p = mo[(mo["moe_dtype"] == dtype) & (mo["family"] == suffix)]
         if p.empty:
             continue
         tokens, h, inter, topk, experts, tp, ep = (p[c].to_numpy(float) for c in shape[:7])
@@ -311,7 +320,8 @@ def moe_samples(folder: Path, routing: str = "expected") -> list[Samples]:
         nbytes = (touched * expert * bytes_per_element(precision)
                   + tokens_here * (2 * h + 2 * inter / tp) * 2)
         keys = p[shape[1:7]].astype(str).agg("/".join, axis=1)
-        out.append(Samples("moe" if precision == "bf16" else "moe_fp8", precision, flops,
+        op = ("moe" if precision == "bf16" else "moe_fp8") + suffix
+        out.append(Samples(op, precision, flops,
                            nbytes, tokens_here, tokens * h, p["latency"].to_numpy(float) * 1e-3,
                            _held_out(keys), f"{path} ({dtype}, balanced, {routing} load)",
                            tiles=(touched, tokens_here / np.maximum(touched, 1e-9),
