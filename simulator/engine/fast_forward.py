@@ -182,7 +182,7 @@ class Jump:
         series = self.series
         recorder.steps_bulk(
             index, [start, *ends[: done - 1]], self.seconds[:done], n,
-            list(range(self.ctx_sum, self.ctx_sum + n * done, n)), used, kv.total, queue,
+            range(self.ctx_sum, self.ctx_sum + n * done, n), used, kv.total, queue,
             run, self.bounds[:done], series.compute_s[:done], series.memory_s[:done],
         )
         bs, last, cancelled = kv.block_size, done - 1, self.cancelled
