@@ -101,6 +101,8 @@ class Recorder:
                              f"not {record_steps!r}")
         self.record_steps = record_steps
         self.steps: dict[str, array[Any]] = {name: array(code) for name, code in STEP_COLUMNS}
+        # The same arrays in STEP_COLUMNS order, unpacked at once by the per-step writers.
+        self._step_arrays = tuple(self.steps.values())
         self.stretches: dict[str, array[Any]] = {
             name: array(code) for name, code in STRETCH_COLUMNS}
         self.stretch_steps: dict[str, array[Any]] = {
@@ -145,29 +147,33 @@ class Recorder:
             self._stretch(instance, starts, durations, decode_seqs, decode_ctx, kv_used,
                           kv_total, queue_len, running, bounds, compute_s, memory_s)
             return
-        s = self.steps
-        # Constant columns as one typed array repeated, the priced columns as their bytes
+        (inst, start, dur, busy, p_tokens, p_seqs, d_seqs, d_ctx, kv_used_col, kv_total_col,
+         queue, run, bound_col, comp, mem, d_tokens) = self._step_arrays
+        # Constant columns as a one-value array repeated, the priced columns as their bytes
         # where their numpy type is the column's: fewer interpreted steps per jump than
-        # Python lists (the values are the same, bit for bit).
-        ints = array("i", (instance, 0, decode_seqs, kv_total))
-        s["instance"].extend(ints[0:1] * n)
-        _extend(s["start_s"], starts)
-        _extend(s["duration_s"], durations)
-        _extend(s["busy_s"], durations)  # one stage: the device is busy all step
-        zeros = ints[1:2] * n
-        s["prefill_tokens"].extend(zeros)
-        s["prefill_seqs"].extend(zeros)
-        seqs = ints[2:3] * n
-        s["decode_seqs"].extend(seqs)
-        s["decode_ctx_tokens"].extend(decode_ctx)
-        s["kv_used_blocks"].extend(kv_used)
-        s["kv_total_blocks"].extend(ints[3:4] * n)
-        s["queue_len"].extend(queue_len)
-        s["running"].extend(running)
-        _extend(s["bound"], bounds)
-        _extend(s["compute_s"], compute_s)
-        _extend(s["memory_s"], memory_s)
-        s["decode_tokens"].extend(array("q", (decode_seqs,)) * n)
+        # lists of Python numbers (the values are the same, bit for bit).
+        inst.extend(array("i", (instance,)) * n)
+        start.extend(starts)
+        if isinstance(durations, np.ndarray) and durations.dtype.char == "d":
+            seconds = durations.tobytes()
+            dur.frombytes(seconds)
+            busy.frombytes(seconds)  # one stage: the device is busy all step
+        else:
+            _extend(dur, durations)
+            _extend(busy, durations)
+        zeros = array("i", (0,)) * n
+        p_tokens.extend(zeros)
+        p_seqs.extend(zeros)
+        d_seqs.extend(array("i", (decode_seqs,)) * n)
+        d_ctx.extend(decode_ctx)
+        kv_used_col.extend(kv_used)
+        kv_total_col.extend(array("i", (kv_total,)) * n)
+        queue.extend(queue_len)
+        run.extend(running)
+        _extend(bound_col, bounds)
+        _extend(comp, compute_s)
+        _extend(mem, memory_s)
+        d_tokens.extend(array("q", (decode_seqs,)) * n)
 
     def _stretch(self, instance: int, starts: Sequence[float], durations: Column,
                  decode_seqs: int, decode_ctx: Sequence[int], kv_used: Sequence[int],
