@@ -153,10 +153,15 @@ class ServingProcess:
                 if jump is not None:
                     yield from self._jump_over(jump)
                     continue
-            shape = BatchShape.build(
-                ((n, r.prefilled, r.prefilled + n >= r.prefill_target) for r, n in batch.chunks),
-                (r.context_tokens for r in batch.decodes),
-            )
+            if batch.chunks:
+                shape = BatchShape.build(
+                    ((n, r.prefilled, r.prefilled + n >= r.prefill_target)
+                     for r, n in batch.chunks),
+                    (r.context_tokens for r in batch.decodes),
+                )
+            else:  # decode only (a refused jump plan, mostly): the shape build() gives
+                shape = BatchShape.decode(len(batch.decodes), sum(
+                    [r.prompt_tokens + r.generated for r in batch.decodes]))
             if self._accept is not None and batch.decodes:
                 drawn = self._accept.sample(self._accept_rng, len(batch.decodes))
                 batch.tokens = [min(int(n), r.output_tokens - r.generated)
