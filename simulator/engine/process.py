@@ -339,8 +339,9 @@ class ServingProcess:
 
     def _finish(self, batch: Batch, start: float) -> None:
         now = self.env.now
+        decode = State.DECODE
         for i, req in enumerate(batch.decodes):
-            if req.status is not State.DECODE:
+            if req._state is not decode:  # the state without the property: every decode
                 continue
             if req.decode_start_s != req.decode_start_s:  # NaN: its first decode step
                 req.decode_start_s = start
@@ -350,7 +351,7 @@ class ServingProcess:
                 req.first_token_s = now  # decode_recompute: the decode side's first token
             if before < 2 <= req.generated and req.second_token_s != req.second_token_s:
                 req.second_token_s = now  # (a speculative burst delivers both at once)
-            if req.done:
+            if req.generated >= req.output_tokens:  # req.done
                 self._complete(req)
         for req, n in batch.chunks:
             if req.status is not State.PREFILL:
