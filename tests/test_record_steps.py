@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from simulator import run
 from simulator.cli import main
+from simulator.engine.recorder import Recorder
 from simulator.runner.run import LARGE_RUN_REQUESTS, record_steps_mode
 from tests.conftest import make_scenario
 
@@ -159,3 +160,39 @@ def test_bad_record_steps_is_a_one_line_error(tmp_path, capsys) -> None:
     assert str(path) in err
     assert "simulation.record_steps" in err
     assert "stretches" in err
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 4), st.sampled_from(["stored", "wide", "list"]),
+       st.data())
+def test_bulk_rows_equal_the_rows_recorded_step_by_step(n, stride, kind, data) -> None:
+    """A jump's rows appended at once (priced columns as numpy arrays of the stored types
+    appended by their bytes, strided views of a window, other numpy types or lists value
+    by value) equal the same steps recorded one by one, bit for bit, under ``all``."""
+    floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
+    seconds = np.array(data.draw(st.lists(floats, min_size=n * stride, max_size=n * stride)))
+    small = np.array(data.draw(st.lists(st.floats(-1e6, 1e6, width=32),
+                                        min_size=n * stride, max_size=n * stride)))
+    bounds = np.array(data.draw(st.lists(st.integers(0, 3), min_size=n * stride,
+                                         max_size=n * stride)))
+    starts = data.draw(st.lists(floats, min_size=n, max_size=n))
+    used = data.draw(st.lists(st.integers(0, 10**6), min_size=n, max_size=n))
+    queue = data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n))
+    running = data.draw(st.lists(st.integers(0, 100), min_size=n, max_size=n))
+    sec, bnd = seconds[::stride], bounds[::stride]
+    comp, mem = small[::stride], small[::-stride][:n]
+    if kind == "stored":  # the kept windows' types: float64, int8, float32
+        cols = (sec, bnd.astype(np.int8), comp.astype(np.float32), mem.astype(np.float32))
+    elif kind == "wide":  # a direct pricing call's types
+        cols = (sec, bnd, comp, mem)
+    else:
+        cols = (sec.tolist(), bnd.tolist(), comp.tolist(), mem.tolist())
+    bulk, one = Recorder("all"), Recorder("all")
+    bulk.steps_bulk(3, starts, cols[0], 7, range(100, 100 + 7 * n, 7), used, 999, queue,
+                    running, cols[1], cols[2], cols[3])
+    names = ("compute", "memory", "communication", "overhead")
+    for j in range(n):
+        one.step(3, starts[j], float(sec[j]), float(sec[j]), 0, 0, 7, 100 + 7 * j, used[j], 999,
+                 queue[j], running[j], names[int(bnd[j])], float(comp[j]), float(mem[j]))
+    for name, col in one.steps.items():
+        assert bulk.steps[name].tobytes() == col.tobytes(), name

@@ -83,3 +83,35 @@ def test_requests_kept_as_plain_values_once_ended_give_the_same_frame(rows, ende
     got = rec.requests_frame(NAMES)
     pd.testing.assert_frame_equal(got, expected, check_exact=True)
     assert list(got.dtypes) == list(expected.dtypes)
+
+
+finite_or_not = st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True)
+any_int = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**70),
+                    st.integers(-(2**70), -(2**63) - 1))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(finite_or_not, finite_or_not, any_int, any_int), min_size=1,
+                max_size=12))
+def test_ended_rows_keep_each_value_bit_for_bit(rows) -> None:
+    """An ended request's numbers come back from the log's typed rows unchanged: the
+    floats' bits (NaN, -0.0, infinities, subnormals), every int of 8 bytes; one with an
+    int beyond 8 bytes stays an object, with its exact value."""
+    rec = Recorder()
+    made = []
+    for i, (t, saved, prompt, turn) in enumerate(rows):
+        req = Request(i, 1.0, 10, 5)
+        req.decode_start_s, req.prefill_saved_s = t, saved
+        req.prompt_tokens, req.turn = prompt, turn
+        rec.requests.append(req)
+        req.move_to(State.REJECTED)
+        rec.requests.ended(req)
+        made.append(req)
+    got = rec.requests_frame(NAMES)
+    for col, field in (("decode_start_s", "decode_start_s"),
+                       ("prefill_saved_s", "prefill_saved_s")):
+        want = [getattr(r, field) for r in made]
+        assert (pd.Series(want, dtype=float).to_numpy().view("int64").tolist()
+                == got[col].to_numpy(dtype=float).view("int64").tolist()), col
+    for col in ("prompt_tokens", "turn"):
+        assert [int(v) for v in got[col]] == [getattr(r, col) for r in made], col

@@ -48,8 +48,9 @@ def observes(fn: F) -> F:
     """Gate of an outside read: bring a running jump up to date first."""
     @wraps(fn)
     def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._jump is not None:
-            self._sync()
+        jump = self._jump
+        if jump is not None:
+            jump.sync(self._kv.blocks, self.env.now)
         return fn(self, *args, **kwargs)
 
     gated.__gate__ = "observes"  # type: ignore[attr-defined]
@@ -61,8 +62,12 @@ def mutates(fn: F) -> F:
     tell the routers' load index that the instance's load may have changed."""
     @wraps(fn)
     def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
-        self._sync()
-        self._cut()
+        jump = self._jump
+        if jump is not None:
+            now = self.env.now
+            jump.sync(self._kv.blocks, now)
+            if jump.cut(now):  # the first write: the step running now ends the jump
+                self.process.interrupt("cut")
         out = fn(self, *args, **kwargs)
         self._load_changed()  # a write may change what routers read
         return out
@@ -182,7 +187,7 @@ class Jump:
         series = self.series
         recorder.steps_bulk(
             index, [start, *ends[: done - 1]], self.seconds[:done], n,
-            list(range(self.ctx_sum, self.ctx_sum + n * done, n)), used, kv.total, queue,
+            range(self.ctx_sum, self.ctx_sum + n * done, n), used, kv.total, queue,
             run, self.bounds[:done], series.compute_s[:done], series.memory_s[:done],
         )
         bs, last, cancelled = kv.block_size, done - 1, self.cancelled

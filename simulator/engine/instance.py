@@ -142,16 +142,6 @@ class Instance(InstanceLife):
         self._prefix_block_tokens = prefix_block_tokens
         self.process = env.process(self._run())
 
-    # ----- the fast-forward gate -----------------------------------------------------
-    def _sync(self) -> None:
-        if self._jump is not None:
-            self._jump.sync(self._kv.blocks, self.env.now)
-
-    def _cut(self) -> None:
-        jump = self._jump
-        if jump is not None and jump.cut(self.env.now):
-            self.process.interrupt("cut")
-
     # ----- what the router, the cluster and the autoscaler read ----------------------
     @property
     @observes

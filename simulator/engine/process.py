@@ -153,10 +153,15 @@ class ServingProcess:
                 if jump is not None:
                     yield from self._jump_over(jump)
                     continue
-            shape = BatchShape.build(
-                ((n, r.prefilled, r.prefilled + n >= r.prefill_target) for r, n in batch.chunks),
-                (r.context_tokens for r in batch.decodes),
-            )
+            if batch.chunks:
+                shape = BatchShape.build(
+                    ((n, r.prefilled, r.prefilled + n >= r.prefill_target)
+                     for r, n in batch.chunks),
+                    (r.context_tokens for r in batch.decodes),
+                )
+            else:  # decode only (a refused jump plan, mostly): the shape build() gives
+                shape = BatchShape.decode(len(batch.decodes), sum(
+                    [r.prompt_tokens + r.generated for r in batch.decodes]))
             if self._accept is not None and batch.decodes:
                 drawn = self._accept.sample(self._accept_rng, len(batch.decodes))
                 batch.tokens = [min(int(n), r.output_tokens - r.generated)
@@ -334,8 +339,9 @@ class ServingProcess:
 
     def _finish(self, batch: Batch, start: float) -> None:
         now = self.env.now
+        decode = State.DECODE
         for i, req in enumerate(batch.decodes):
-            if req.status is not State.DECODE:
+            if req._state is not decode:  # the state without the property: every decode
                 continue
             if req.decode_start_s != req.decode_start_s:  # NaN: its first decode step
                 req.decode_start_s = start
@@ -345,7 +351,7 @@ class ServingProcess:
                 req.first_token_s = now  # decode_recompute: the decode side's first token
             if before < 2 <= req.generated and req.second_token_s != req.second_token_s:
                 req.second_token_s = now  # (a speculative burst delivers both at once)
-            if req.done:
+            if req.generated >= req.output_tokens:  # req.done
                 self._complete(req)
         for req, n in batch.chunks:
             if req.status is not State.PREFILL:

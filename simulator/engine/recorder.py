@@ -101,6 +101,8 @@ class Recorder:
                              f"not {record_steps!r}")
         self.record_steps = record_steps
         self.steps: dict[str, array[Any]] = {name: array(code) for name, code in STEP_COLUMNS}
+        # The same arrays in STEP_COLUMNS order, unpacked at once by the per-step writers.
+        self._step_arrays = tuple(self.steps.values())
         self.stretches: dict[str, array[Any]] = {
             name: array(code) for name, code in STRETCH_COLUMNS}
         self.stretch_steps: dict[str, array[Any]] = {
@@ -145,24 +147,33 @@ class Recorder:
             self._stretch(instance, starts, durations, decode_seqs, decode_ctx, kv_used,
                           kv_total, queue_len, running, bounds, compute_s, memory_s)
             return
-        s = self.steps
-        seconds = _values(durations)
-        s["instance"].extend([instance] * n)
-        s["start_s"].extend(starts)
-        s["duration_s"].extend(seconds)
-        s["busy_s"].extend(seconds)  # one stage: the device is busy all step
-        s["prefill_tokens"].extend([0] * n)
-        s["prefill_seqs"].extend([0] * n)
-        s["decode_seqs"].extend([decode_seqs] * n)
-        s["decode_ctx_tokens"].extend(decode_ctx)
-        s["kv_used_blocks"].extend(kv_used)
-        s["kv_total_blocks"].extend([kv_total] * n)
-        s["queue_len"].extend(queue_len)
-        s["running"].extend(running)
-        s["bound"].extend(_values(bounds))
-        s["compute_s"].extend(_values(compute_s))
-        s["memory_s"].extend(_values(memory_s))
-        s["decode_tokens"].extend([decode_seqs] * n)
+        (inst, start, dur, busy, p_tokens, p_seqs, d_seqs, d_ctx, kv_used_col, kv_total_col,
+         queue, run, bound_col, comp, mem, d_tokens) = self._step_arrays
+        # Constant columns as a one-value array repeated, the priced columns as their bytes
+        # where their numpy type is the column's: fewer interpreted steps per jump than
+        # lists of Python numbers (the values are the same, bit for bit).
+        inst.extend(array("i", (instance,)) * n)
+        start.extend(starts)
+        if isinstance(durations, np.ndarray) and durations.dtype.char == "d":
+            seconds = durations.tobytes()
+            dur.frombytes(seconds)
+            busy.frombytes(seconds)  # one stage: the device is busy all step
+        else:
+            _extend(dur, durations)
+            _extend(busy, durations)
+        zeros = array("i", (0,)) * n
+        p_tokens.extend(zeros)
+        p_seqs.extend(zeros)
+        d_seqs.extend(array("i", (decode_seqs,)) * n)
+        d_ctx.extend(decode_ctx)
+        kv_used_col.extend(kv_used)
+        kv_total_col.extend(array("i", (kv_total,)) * n)
+        queue.extend(queue_len)
+        run.extend(running)
+        _extend(bound_col, bounds)
+        _extend(comp, compute_s)
+        _extend(mem, memory_s)
+        d_tokens.extend(array("q", (decode_seqs,)) * n)
 
     def _stretch(self, instance: int, starts: Sequence[float], durations: Column,
                  decode_seqs: int, decode_ctx: Sequence[int], kv_used: Sequence[int],
@@ -374,9 +385,15 @@ def _one_instance(cols: dict[str, np.ndarray], t: dict[str, np.ndarray],
     return ({k: v[rows] for k, v in cols.items()}, sub_t, {k: v[steps] for k, v in p.items()})
 
 
-def _values(values: Column) -> Sequence[Any]:
-    """Plain Python numbers of a column (what ``array.extend`` takes fastest)."""
-    return values.tolist() if isinstance(values, np.ndarray) else values
+def _extend(col: array[Any], values: Column) -> None:
+    """Append ``values`` to ``col``: a numpy array of the column's own type by its bytes,
+    anything else (lists, other numpy types) value by value, as ``array`` converts it."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.char == col.typecode:
+            col.frombytes(values.tobytes())
+            return
+        values = values.tolist()
+    col.extend(values)
 
 
 def _column(values: array[Any]) -> np.ndarray:

@@ -17,6 +17,7 @@ the values as Python objects, as before.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Iterator
 from operator import attrgetter
@@ -47,6 +48,11 @@ _NUMERIC = (*FLOAT_FIELDS, *INT_FIELDS)
 _NUMERIC_TYPES = (float,) * len(FLOAT_FIELDS) + (int,) * len(INT_FIELDS)
 _N_FLOAT = len(FLOAT_FIELDS)
 _numeric_values = attrgetter(*_NUMERIC)
+# One row's numbers packed at once, native byte order as ``array`` stores them: the floats'
+# bits and the ints' values unchanged, about a third of the cost of extending the two
+# arrays value by value (an int beyond 8 bytes raises ``struct.error``).
+_ROW = struct.Struct(f"={_N_FLOAT}d{len(INT_FIELDS)}q")
+_FLOAT_BYTES = 8 * _N_FLOAT
 
 
 class RequestLog:
@@ -92,19 +98,16 @@ class RequestLog:
                 or tuple(map(type, text)) != (str, str, str)):
             self._kept.extend((pos, req) for pos in positions)
             return
-        before = len(self._order)
-        floats, ints = values[:_N_FLOAT], values[_N_FLOAT:]
         try:
-            for pos in positions:
-                self._floats.extend(floats)
-                self._ints.extend(ints)
-                self._order.append(pos)
-        except OverflowError:  # an int beyond 8 bytes: keep the object
-            del self._floats[before * _N_FLOAT:]
-            del self._ints[before * len(INT_FIELDS):]
-            del self._order[before:]
+            row = _ROW.pack(*values)
+        except struct.error:  # an int beyond 8 bytes: keep the object
             self._kept.extend((pos, req) for pos in positions)
             return
+        floats, ints = row[:_FLOAT_BYTES], row[_FLOAT_BYTES:]
+        for pos in positions:
+            self._floats.frombytes(floats)
+            self._ints.frombytes(ints)
+            self._order.append(pos)
         for _ in positions:
             for f, v in zip(TEXT_FIELDS, text, strict=True):
                 self._text[f].append(v)

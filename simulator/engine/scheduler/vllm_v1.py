@@ -149,7 +149,9 @@ class VllmV1:
         decode = State.DECODE
         m = 0
         for req in running:
-            if req.status is not decode or req.in_flight:
+            # The state read directly, not through the ``status`` property: this loop
+            # runs over the whole batch at every step.
+            if req._state is not decode or req.in_flight:
                 break
             m += 1
         m = min(m, budget)
