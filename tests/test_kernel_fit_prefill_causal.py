@@ -130,6 +130,19 @@ def test_kernel_fit_recovers_the_causal_tail_and_the_softmax_floor() -> None:
     assert evaluate(measured, B200, fitted)["median_ape_after"] < 1.0
 
 
+def _mla_prefill_shapes(seed: int, n: int) -> tuple[np.ndarray, ...]:
+    """``n`` random MLA prefill shapes (DeepSeek-V3's 576-wide latent, 320-wide heads):
+    batch, prompt length, heads, causal pairs, FLOPs and bytes without K/V re-reads."""
+    rng = np.random.default_rng(seed)
+    batch = rng.choice([1.0, 4.0, 16.0, 64.0], n)
+    isl = rng.choice([64.0, 1000.0, 4096.0, 16384.0], n)
+    heads = rng.choice([1.0, 2.0, 4.0, 16.0, 64.0, 128.0], n)
+    pairs = isl * (isl + 1) / 2
+    flops = 2 * heads * 320 * pairs * batch
+    nbytes = batch * isl * (576 * 2 + heads * 320 * 2)
+    return batch, isl, heads, pairs, flops, nbytes
+
+
 def test_a_prefill_family_without_a_head_dimension_term_fits_its_causal_tail() -> None:
     """MLA's prefill families carry no head-dimension exponent (one layout): their causal
     logits follow the seven base constants directly, and the planted tail and re-read share
@@ -137,15 +150,10 @@ def test_a_prefill_family_without_a_head_dimension_term_fits_its_causal_tail() -
     from simulator.validation.kernel_fit import Samples, fit
 
     true = CAUSAL.model_copy(update={"kv_reread_share": 0.4, "head_dim_exp": 0.0})
-    rng = np.random.default_rng(7)
     n = 600
-    batch = rng.choice([1.0, 4.0, 16.0, 64.0], n)
-    isl = rng.choice([64.0, 1000.0, 4096.0, 16384.0], n)
-    heads = rng.choice([1.0, 2.0, 4.0, 16.0, 64.0, 128.0], n)
-    pairs = isl * (isl + 1) / 2
-    flops = 2 * heads * 320 * pairs * batch
+    batch, isl, heads, pairs, flops, nbytes = _mla_prefill_shapes(7, n)
     reread = kv_reread_bytes(batch * pairs, heads * 576 * 2)
-    nbytes = batch * isl * (576 * 2 + heads * 320 * 2) + reread
+    nbytes = nbytes + reread
     hd = np.full(n, 128.0)
 
     def samples(seconds: np.ndarray) -> Samples:
@@ -203,14 +211,8 @@ def test_a_family_without_reread_bytes_or_head_dimension_fits_neither_term() -> 
     from simulator.validation.kernel_fit import Samples, fit_family
     from simulator.validation.kernel_fit_predict import predict
 
-    rng = np.random.default_rng(3)
     n = 500
-    batch = rng.choice([1.0, 4.0, 16.0, 64.0], n)
-    isl = rng.choice([64.0, 1000.0, 4096.0, 16384.0], n)
-    heads = rng.choice([1.0, 2.0, 4.0, 16.0, 64.0, 128.0], n)
-    pairs = isl * (isl + 1) / 2
-    flops = 2 * heads * 320 * pairs * batch
-    nbytes = batch * isl * (576 * 2 + heads * 320 * 2)
+    batch, isl, heads, _, flops, nbytes = _mla_prefill_shapes(3, n)
 
     def samples(seconds: np.ndarray) -> Samples:
         return Samples("attention_prefill_mla", "bf16", flops, nbytes, batch * heads,

@@ -154,13 +154,8 @@ class Recorder:
         # lists of Python numbers (the values are the same, bit for bit).
         inst.extend(array("i", (instance,)) * n)
         start.extend(starts)
-        if isinstance(durations, np.ndarray) and durations.dtype.char == "d":
-            seconds = durations.tobytes()
-            dur.frombytes(seconds)
-            busy.frombytes(seconds)  # one stage: the device is busy all step
-        else:
-            _extend(dur, durations)
-            _extend(busy, durations)
+        _extend(dur, durations)
+        _extend(busy, durations)  # one stage: the device is busy all step
         zeros = array("i", (0,)) * n
         p_tokens.extend(zeros)
         p_seqs.extend(zeros)
