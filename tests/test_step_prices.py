@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from simulator import Simulation
 from simulator.cost.batch import BatchShape
 from simulator.engine import step_prices
-from simulator.engine.recorder import STEP_COLUMNS
+from simulator.engine.recorder import BOUNDS, STEP_COLUMNS
 from simulator.engine.step_prices import (
     BLOCK,
     WINDOW,
@@ -141,6 +141,36 @@ def test_kept_step_prices_equal_a_direct_call(which: int,
             shape = BatchShape.build([(new, cached, True)], [ctx // max(seqs, 1)] * seqs)
             assert prices.step(shape) == cost.step(shape)
         assert len(prices._steps) <= max_steps
+
+
+@settings(max_examples=40, deadline=None)
+@given(which=st.integers(0, 10**6),
+       steps=st.lists(st.tuples(st.integers(1, 300), st.integers(0, 400_000)),
+                      min_size=1, max_size=20))
+def test_a_decode_only_step_has_the_price_of_its_stretch(which: int,
+                                                         steps: list[tuple[int, int]]) -> None:
+    """A decode-only step priced alone reads the decode series a stretch through it reads,
+    bit for bit (``cost.step`` and ``cost.decode_series`` add the same terms in another
+    order, so they could differ in the last bit); other predictors are asked directly."""
+    cost = COSTS[which % len(COSTS)]
+    prices = StepPrices(cost)
+    for n, s in steps:
+        s = max(s, n)
+        got = prices.step(BatchShape.decode(n, s))
+        if not prices.tabled:
+            assert got == cost.step(BatchShape.decode(n, s))
+            continue
+        want = cost.decode_series(n, np.array([s, s + n], dtype=np.int64))
+        assert got.seconds == want.seconds[0]
+        assert got.stage_seconds == (got.seconds,)
+        assert got.bound == BOUNDS[int(want.bound[0])]
+        direct = cost.step(BatchShape.decode(n, s))
+        assert got.bound == direct.bound
+        assert got.seconds == pytest.approx(direct.seconds, rel=1e-12)
+        for name in ("compute_s", "memory_s"):
+            dtype = np.dtype(RECORDED[name])
+            assert dtype.type(getattr(got, name)) == np.asarray(
+                getattr(want, name), dtype=dtype)[0], name
 
 
 def _tables_by_pool(name: str) -> dict[str, set[int]]:

@@ -36,6 +36,17 @@ class StepCost:
         return max(self.stage_seconds)
 
 
+class SeriesStep(NamedTuple):
+    """One decode-only step read from a priced :class:`DecodeSeries`: the parts of a
+    :class:`StepCost` an instance and its recorder use, with the series' bound."""
+
+    seconds: float
+    stage_seconds: tuple[float, ...]
+    compute_s: float
+    memory_s: float
+    bound: str
+
+
 class DecodeSeries(NamedTuple):
     """Consecutive decode steps: seconds, bound codes, compute and memory seconds."""
 

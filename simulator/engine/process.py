@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from simulator.cost.accounting import SeriesStep
 from simulator.cost.batch import BatchShape
 from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel, StepCost
@@ -179,7 +180,7 @@ class ServingProcess:
 
     # ----- pipeline parallel ---------------------------------------------------------
     def _pipeline(self, batch: Batch, shape: BatchShape,
-                  step: StepCost) -> Generator[simpy.Event, Any, None]:
+                  step: StepCost | SeriesStep) -> Generator[simpy.Event, Any, None]:
         """Send ``batch`` through the stages; come back when stage 0 can take the next."""
         env = self.env
         start = env.now
@@ -328,7 +329,7 @@ class ServingProcess:
 
     # ----- apply: results of a step ----------------------------------------------------
     def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
-                step: StepCost, decode_tokens: int | None = None) -> None:
+                step: StepCost | SeriesStep, decode_tokens: int | None = None) -> None:
         # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         self.recorder.step(
             self.index, start, seconds, busy_s, shape.prefill_tokens, shape.prefill_seqs,

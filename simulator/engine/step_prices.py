@@ -6,8 +6,11 @@ context sums at a time.
 is a pure function of the batch shape, and prefill-only shapes repeat: a disaggregated
 prefill instance mostly runs one prompt per step, and prompt lengths recur (on 1P1D
 Llama-3.1-70B at 10k requests, 63 % of its steps). Their prices are kept by shape, least
-recently used dropped beyond ``MAX_STEPS``. Steps with decodes are priced directly:
-their context sums almost never repeat (about 1 % on the same run).
+recently used dropped beyond ``MAX_STEPS``. Mixed steps (prefill chunks and decodes) are
+priced directly: their context sums almost never repeat (about 1 % on the same run).
+A decode-only step that runs alone (a stretch too short to jump, or the step an admission
+cuts) is read from the decode series below, so it costs a lookup and has the price it has
+inside a stretch, bit for bit.
 
 **Decode stretches.**
 A decode step's price depends on the batch only through its size ``n`` and context sum
@@ -37,9 +40,10 @@ from typing import Any
 
 import numpy as np
 
+from simulator.cost.accounting import SeriesStep
 from simulator.cost.batch import BatchShape
 from simulator.cost.step import DecodeSeries, InstanceCostModel, StepCost
-from simulator.engine.recorder import STEP_COLUMNS
+from simulator.engine.recorder import BOUNDS, STEP_COLUMNS
 
 _RECORDED = dict(STEP_COLUMNS)
 _BOUND, _COMPUTE, _MEMORY = (np.dtype(_RECORDED[c]) for c in ("bound", "compute_s", "memory_s"))
@@ -83,9 +87,16 @@ class StepPrices:
         self._steps: OrderedDict[BatchShape, StepCost] = OrderedDict()
         self._blocks: OrderedDict[tuple[int, int], DecodeSeries] = OrderedDict()
 
-    def step(self, shape: BatchShape) -> StepCost:
-        """The price of one step of ``shape`` (``cost.step``): kept for prefill-only shapes."""
-        if not self.kept or shape.decode_seqs:
+    def step(self, shape: BatchShape) -> StepCost | SeriesStep:
+        """The price of one step of ``shape``: kept for prefill-only shapes; a decode-only
+        step of a table-priced model is read from the decode series its stretches read, so
+        a decode step has one price whether it runs alone or in a stretch."""
+        if shape.decode_seqs:
+            if (self.tabled and not shape.prefill_tokens
+                    and shape.logits_seqs == shape.decode_seqs):
+                return self.decode_step(shape.decode_seqs, shape.decode_ctx_tokens)
+            return self.cost.step(shape)  # type: ignore[no-any-return]
+        if not self.kept:
             return self.cost.step(shape)  # type: ignore[no-any-return]
         steps = self._steps
         price = steps.get(shape)
@@ -102,6 +113,16 @@ class StepPrices:
         frames are built)."""
         self._steps.clear()
         self._blocks.clear()
+
+    def decode_step(self, n: int, s: int) -> SeriesStep:
+        """One decode-only step of ``n`` sequences at context sum ``s``: element ``s`` of
+        the window :meth:`series` reads it from (``tabled`` models only)."""
+        b = s // BLOCK
+        sec, bound, comp, mem = self._window(n, b)
+        j = s - b * BLOCK
+        seconds = float(sec[j])
+        return SeriesStep(seconds, (seconds,), float(comp[j]), float(mem[j]),
+                          BOUNDS[int(bound[j])])
 
     def series(self, n: int, s0: int, k: int) -> DecodeSeries:
         """Prices of ``k`` decode steps of ``n`` sequences from context sum ``s0``."""
