@@ -196,3 +196,22 @@ def test_bulk_rows_equal_the_rows_recorded_step_by_step(n, stride, kind, data) -
                  queue[j], running[j], names[int(bnd[j])], float(comp[j]), float(mem[j]))
     for name, col in one.steps.items():
         assert bulk.steps[name].tobytes() == col.tobytes(), name
+
+
+@pytest.mark.parametrize("ctx", [range(100, 124, 6), [100, 106, 112, 118],
+                                 range(100, 116, 4), [100, 106, 113, 118]])
+def test_a_stretch_row_needs_its_steps_context_to_grow_by_the_batch(ctx) -> None:
+    """A stretch row keeps only its first context sum: its steps' sums must grow by one
+    token per sequence per step, given as a range or as a list; anything else is refused."""
+    rec = Recorder("stretches")
+    args = (0, [0.0, 1.0, 2.0, 3.0], np.ones(4), 6, ctx, [10, 11, 12, 13], 99, [0] * 4, [6] * 4,
+            np.zeros(4, dtype=np.int8), np.ones(4, dtype=np.float32),
+            np.ones(4, dtype=np.float32))
+    uniform = all(c == 100 + 6 * j for j, c in enumerate(ctx))
+    if uniform:
+        rec.steps_bulk(*args)
+        assert list(rec.stretches["decode_ctx_start"]) == [100]
+        assert list(rec.stretches["steps"]) == [4]
+    else:
+        with pytest.raises(ValueError, match="context growth"):
+            rec.steps_bulk(*args)

@@ -179,7 +179,9 @@ class Recorder:
         q0, r0, c0 = queue_len[0], running[0], decode_ctx[0]
         if n > 1 and (any(q != q0 for q in queue_len[:-1])
                       or any(r != r0 for r in running[:-1])
-                      or any(decode_ctx[j] != c0 + decode_seqs * j for j in range(n))):
+                      or not (decode_ctx.step == decode_seqs if isinstance(decode_ctx, range)
+                              else all(decode_ctx[j] == c0 + decode_seqs * j
+                                       for j in range(n)))):
             raise ValueError("a stretch's steps must share queue, batch and context growth")
         t = self.stretches
         t["instance"].append(instance)
