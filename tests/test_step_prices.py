@@ -154,8 +154,8 @@ def test_a_decode_only_step_has_the_price_of_its_stretch(which: int,
     order, so they could differ in the last bit); other predictors are asked directly."""
     cost = COSTS[which % len(COSTS)]
     prices = StepPrices(cost)
-    for n, s in steps:
-        s = max(s, n)
+    for n, drawn in steps:
+        s = max(drawn, n)  # every sequence holds at least one token
         got = prices.step(BatchShape.decode(n, s))
         if not prices.tabled:
             assert got == cost.step(BatchShape.decode(n, s))
