@@ -4,6 +4,8 @@ query head) for plain MHA and larger groups (OperatorFit.group_limit)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -179,3 +181,82 @@ def test_the_shipped_trtllm_fp8_kv_fit_prices_llama_8b_at_large_batches() -> Non
         errors.append(max(compute, memory) * 1e6 / measured_us - 1)
     assert float(np.median(errors)) < 0.3
     assert max(errors) < 0.4
+
+
+def test_the_grouped_kernels_kv_time_steps_with_every_8_query_heads() -> None:
+    # XQA's SM90 kernel pads the query heads of a KV head to a multiple of 8 (its GMMA N).
+    fit = GROUPED.model_copy(update={"group_step": 0.25})
+    for g, kv in ((2.0, 1.0), (8.0, 1.0), (12.0, 1.25), (16.0, 1.25), (32.0, 1.75)):
+        assert fit.decode_group(g) == (1.0, pytest.approx(kv), 1.0)
+    assert fit.decode_group(1.0) == GROUPED.decode_group(1.0)  # the other kernel
+    assert fit.decode_group(64.0) == GROUPED.decode_group(64.0)
+    # Llama-3.1-405B at TP 1: 16 query heads per KV head, KV priced 1.25x.
+    assert _model("Llama-3.1-405B", fit)._decode_kv_elems == pytest.approx(
+        1.25 * _model("Llama-3.1-405B", GROUPED)._decode_kv_elems)
+
+
+def test_the_other_kernel_has_a_floor_of_its_own() -> None:
+    fit = GROUPED.model_copy(update={"group_floor_us": 9.0})
+    assert fit.decode_floor(1.0) == 9.0
+    assert fit.decode_floor(64.0) == 9.0
+    assert fit.decode_floor(4.0) == 5.0
+    assert fit.decode_floor(32.0) == 5.0
+    assert GROUPED.decode_floor(1.0) == 5.0  # None: one floor for both kernels
+    groups = np.array([1.0, 4.0, 32.0, 64.0])
+    assert list(fit.decode_floor(groups)) == [9.0, 5.0, 5.0, 9.0]
+    assert fit.for_decode_layout(1.0).floor_us == 9.0
+    assert fit.for_decode_layout(4.0) is fit
+    # The step model prices each layout with its kernel's floor: Llama-2-7B is plain MHA
+    # (masked multi-head attention), Llama-3.1-8B four query heads per KV head (XQA).
+    assert _model("Llama-2-7B", fit)._fits["attention_decode"].floor_us == 9.0
+    assert _model("Llama-3.1-8B", fit)._fits["attention_decode"].floor_us == 5.0
+    mha, same = _model("Llama-2-7B", fit), _model("Llama-2-7B", GROUPED)
+    op = mha._decode_attention_op(1, 16)
+    assert op == same._decode_attention_op(1, 16)
+    one = sum(mha._roofline("attention_decode", *op[:2], 1, op[2], mha._decode_rows, op[3]))
+    two = sum(same._roofline("attention_decode", *op[:2], 1, op[2], same._decode_rows, op[3]))
+    assert one - two == pytest.approx(4e-6, rel=1e-9)
+
+
+def test_kernel_fit_finds_the_other_kernels_floor() -> None:
+    """Synthetic decode timings where masked multi-head attention has a floor of 12 us and
+    XQA one of 5 us: fitted with the other kernel's floor, the held-out layouts are priced
+    to within 1 %; one floor for both leaves the tiny shapes of one kernel off."""
+    from simulator.validation.kernel_fit import GROUP_LIMIT_CHOICES, Samples, evaluate, fit_family
+    from simulator.validation.kernel_fit_predict import extra_floor
+
+    truth = GROUPED.model_copy(update={"group_floor_us": 12.0})
+    rng = np.random.default_rng(7)
+    n = 3000
+    layouts = np.array([(32, 8), (64, 8), (32, 32), (64, 1), (128, 2), (16, 1), (40, 8),
+                        (128, 1), (8, 8), (24, 4), (64, 2), (96, 4), (32, 2), (128, 8)], float)
+    heads, kvh = layouts[rng.integers(0, len(layouts), n)].T
+    batch = rng.choice([1.0, 8.0, 64.0, 512.0], n)
+    kv = rng.choice([2.0, 64.0, 4096.0, 32768.0], n)
+    hd = 128.0
+    flops = 4 * heads * hd * kv * batch
+    kv_bytes = batch * kv * 2 * kvh * hd * 2
+    nbytes = kv_bytes + batch * 2 * heads * hd * 2
+    group = heads / kvh
+    g_heads, g_kv, g_rows = truth.decode_group(group)
+    from simulator.cost.roofline import quantisation
+    units = decode_units(batch, batch * kv, kvh * g_heads, 512)
+    q = quantisation(truth, (batch, batch * kv, kvh * g_heads), 132, True)
+    held = np.isin(heads * 1000 + kvh, [64 * 1000 + 8, 128 * 1000 + 1, 24 * 1000 + 4])
+    samples = Samples("attention_decode", "bf16", flops, nbytes,
+                      decode_units(batch, batch * kv, kvh), batch * heads, np.zeros(n), held,
+                      "synthetic", batch * kvh, (batch, batch * kv, kvh), None, group, kv_bytes)
+    seconds = truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth, flops,
+                            nbytes - kv_bytes + kv_bytes * g_kv, units, batch * kvh * g_rows,
+                            q) + extra_floor(samples, truth, np.arange(n))
+    samples = replace(samples, seconds=seconds)
+    rows, fitted = fit_family(samples, H100, (), GROUP_LIMIT_CHOICES["trtllm"])
+    assert fitted.group_limit == 32
+    # A constant in the memory term (half_bytes) trades with both floors: their difference
+    # is what the data decides.
+    assert fitted.group_floor_us is not None
+    assert fitted.group_floor_us - fitted.floor_us == pytest.approx(7.0, abs=0.3)
+    assert evaluate(rows, H100, fitted)["median_ape_after"] < 1.0
+    one_floor = fitted.model_copy(update={"group_floor_us": None})
+    tiny = held & (group == 128.0) & (kv == 2.0) & (batch == 1.0)  # plain MHA, held out
+    assert evaluate(replace(rows, held_out=tiny), H100, one_floor)["median_error_after"] < -20

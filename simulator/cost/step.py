@@ -168,6 +168,11 @@ class InstanceCostModel(OperatorPricing):
         mla = "_mla" if self.model.attention == "mla" else ""
         for label in ("attention_prefill", "attention_decode"):
             fit = fits.get(label + mla + kv8) or fits.get(label + mla)
+            if fit is not None and label == "attention_decode" and not mla:
+                # The floor of the decode kernel dispatched for this head layout.
+                # The group as OperatorFit.decode_group sees it (_attention_constants).
+                fit = fit.for_decode_layout(self.model.num_attention_heads
+                                            / self.parallelism.tp / self.kv_heads_per_device)
             if fit is not None:
                 out[label] = fit
         # The MoE kernel the engine dispatches for this architecture (SGLang on Blackwell:

@@ -205,12 +205,48 @@ class OperatorFit(Frozen):
         "Decode attention in the grouped kernel (`group_limit`): the per-row work of one "
         "(sequence, KV head) block grows with its query heads as 1 + (group - 1) x "
         "group_q_rows (the block's query rows, softmax and output)."))
+    group_step: float = Field(0.0, ge=0, le=2, description=(
+        "Decode attention in the grouped kernel (`group_limit`): its KV time grows by "
+        "`group_step` for every 8 query heads per KV head past the first 8, KV bytes x (1 + "
+        "group_step x (ceil(group / 8) - 1)). TensorRT-LLM's SM90 XQA kernel (the FP8-KV "
+        "QGMMA kernel, cpp/kernels/xqa/mha_sm90.cu) runs its matrix products with the query "
+        "heads of one KV head as the GMMA N dimension padded to a multiple of 8 "
+        "(`ctaNbQHeads = roundUp(headGrpSize * beamWidth, 8)`, swap-AB), over 64-token KV "
+        "tiles; in the 1.3.0rc20 H100 tables (FP8 KV, head dim 128, 8 sequences over one KV "
+        "head) 12-16 query heads per KV head take 1.2-1.3x and 32 take 1.6-1.9x the time "
+        "of 2-8 at every context from 2 to 32k tokens."))
+    group_floor_us: float | None = Field(None, ge=0, description=(
+        "Decode attention outside the grouped kernel (`group_limit`): its fixed latency, "
+        "microseconds (None: `floor_us`). The two are different kernels: in TensorRT-LLM "
+        "1.3.0rc20's H100 tables (aiconfigurator-core 0.12.0 systems/data/h100_sxm/attention/"
+        "trtllm/1.3.0rc20/generation_attention_perf.parquet, FP8 KV cache) one sequence of 2 "
+        "tokens over 8 KV heads of dimension 128 takes 9.0 us with one query head per KV head "
+        "(masked multi-head attention) and 6.0 us with two (XQA)."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
+
+    def decode_floor(self, group: Any) -> Any:
+        """``floor_us`` of decode attention of ``group`` query heads per KV head: the other
+        kernel's (``group_floor_us``) outside the grouped kernel (:meth:`decode_group`)."""
+        if not self.group_limit or self.group_floor_us is None:
+            return np.full_like(group, self.floor_us, dtype=float) if isinstance(
+                group, np.ndarray) else self.floor_us
+        g = np.asarray(group, dtype=float)
+        out = np.where((g > self.group_limit) | (g <= 1.0), self.group_floor_us, self.floor_us)
+        return out if isinstance(group, np.ndarray) else float(out)
+
+    def for_decode_layout(self, group: float) -> OperatorFit:
+        """The fit a decode-attention layout of ``group`` query heads per KV head is priced
+        with: the floor of the kernel the engine dispatches for it (:meth:`decode_floor`)."""
+        floor = self.decode_floor(float(group))
+        if floor == self.floor_us:
+            return self
+        return self.model_copy(update={"floor_us": floor})
 
     def decode_group(self, group: Any) -> tuple[Any, Any, Any]:
         """``(unit heads, KV bytes, rows)`` multipliers of decode attention for ``group`` query
         heads per KV head on one device (``rows``: of the per-(sequence, KV head) rows):
-        ``(1, 1, 1 + (group - 1) * group_q_rows)`` for the grouped-query kernel, else the
+        ``(1, 1 + group_step * (ceil(group / 8) - 1), 1 + (group - 1) * group_q_rows)`` for
+        the grouped-query kernel, else the
         per-query-head kernel's ``(group, group_memory * (1 + (group - 1) * group_reread),
         group * group_row_share)``."""
         if not self.group_limit:
@@ -218,7 +254,8 @@ class OperatorFit(Frozen):
         g = np.asarray(group, dtype=float)
         other = (g > self.group_limit) | (g <= 1.0)
         out = (np.where(other, g, 1.0),
-               np.where(other, self.group_memory * (1.0 + (g - 1.0) * self.group_reread), 1.0),
+               np.where(other, self.group_memory * (1.0 + (g - 1.0) * self.group_reread),
+                        1.0 + self.group_step * (np.ceil(g / 8.0) - 1.0)),
                np.where(other, g * self.group_row_share, 1.0 + (g - 1.0) * self.group_q_rows))
         if isinstance(group, np.ndarray):
             return out

@@ -52,6 +52,7 @@ from simulator.validation.kernel_fit_predict import (
     both_kv_row,
     causal_shares,
     evaluate,
+    extra_floor,
     training_ape,
 )
 from simulator.validation.kernel_fit_profile import write_profile
@@ -134,6 +135,8 @@ supported)."""
 _GROUP_START = [-1.0, -1.0, 0.0, math.log(0.375 / 1.125), -2.0]
 """Starts of the group terms (logits): ``group_reread`` and ``group_row_share`` 0.27,
 ``row_overlap`` 0.5, ``group_memory`` 0.875, ``group_q_rows`` 0.12."""
+_KERNEL_START = [math.log(5.0), math.log(0.1 / 1.9)]
+"""Starts of ``log(group_floor_us)`` (5 us) and of the ``group_step`` logit (0.1)."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -173,14 +176,18 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
     # ``per_unit`` (GEMM families, which have none of those terms) the last is
     # log(per_unit_ns).
     c = 8 if head_dim else 7
-    # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit).
+    # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit);
+    # x[12:14], where present: log(group_floor_us) and the logit of group_step / 2.
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
     extra: dict[str, Any] = {
         "group_limit": group_limit, "group_reread": _sig(x[7]), "group_row_share": _sig(x[8]),
         "row_overlap": _sig(x[9]) if len(x) > 9 else 0.0,
         "group_memory": 0.5 + 1.5 * _sig(x[10]) if len(x) > 9 else 1.0,
-        "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0, "row_unit": "kv_head"} if group_limit else {
+        "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0,
+        "group_floor_us": _exp(x[12]) if len(x) > 12 else None,
+        "group_step": 2.0 * _sig(x[13]) if len(x) > 13 else 0.0,
+        "row_unit": "kv_head"} if group_limit else {
         "head_dim_exp": float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7 else 0.0,
         "causal_tail": 0.05 + 1.95 * _sig(x[c]) if causal and tile_m else 0.0,
         "kv_reread_share": _sig(x[c + 1]) if causal and tile_m and reread else 1.0,
@@ -214,20 +221,25 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
                        row_overlap=round(f.row_overlap, 4) if f.group_limit else 0.0,
                        group_memory=round(f.group_memory, 4) if f.group_limit else 1.0,
-                       group_q_rows=round(f.group_q_rows, 4) if f.group_limit else 0.0)
+                       group_q_rows=round(f.group_q_rows, 4) if f.group_limit else 0.0,
+                       group_floor_us=(round(f.group_floor_us, 3) if f.group_limit
+                                       and f.group_floor_us is not None else None),
+                       group_step=round(f.group_step, 4) if f.group_limit else 0.0)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
         dispatch: str = "", group_limit: int = 0, overlap: bool = True,
-        moe_kernel: str = "", causal: bool = False, softmax: bool = False) -> OperatorFit:
+        moe_kernel: str = "", causal: bool = False, softmax: bool = False,
+        floors: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
     (``causal``: ``OperatorFit.causal_tail``, ``kv_reread_share``, fitted) and the softmax
     floor (``softmax``, ``OperatorFit.softmax_dim``, fitted); decode attention with a group
     limit with or without ``overlap`` (``row_overlap``, ``group_memory``, ``group_q_rows``;
-    without: 0, 1, 0); a MoE family with a grouped kernel (``moe_kernel``,
+    without: 0, 1, 0), and with ``floors`` also ``group_floor_us`` and ``group_step``
+    (each kernel's own terms); a MoE family with a grouped kernel (``moe_kernel``,
     :data:`MOE_KERNEL_CHOICES`)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
@@ -251,10 +263,11 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
         qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
-        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx)) - log_t
+        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx)
+                      + extra_floor(samples, model, idx)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
-    group_start = _GROUP_START if overlap else _GROUP_START[:2]
+    group_start = (_GROUP_START + _KERNEL_START * floors) if overlap else _GROUP_START[:2]
     starts: tuple[tuple[float, ...], ...] = (
         (0.7, 1e9, 1e6, 5.0, 1.0, 1.0), (0.5, 1e10, 1e7, 10.0, 30.0, 100.0),
         (0.8, 1e8, 1e5, 2.0, 0.01, 1e-3), (0.6, 1e7, 1e6, 4.0, 300.0, 10.0))
@@ -333,17 +346,21 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         per_kv, plain = variants[1][0], best[2]
         # With and without the overlap terms (OperatorFit.row_overlap): the training
         # shapes choose.
+        # and with each kernel's own terms (OperatorFit.group_floor_us, group_step).
         for limit in group_limits:
-            for overlap in (False, True):
+            for overlap, floors in ((False, False), (True, False), (True, True)):
                 consider(per_kv, "kv_head", fit(per_kv, device, plain.tile_m,
-                                                group_limit=limit, overlap=overlap))
+                                                group_limit=limit, overlap=overlap,
+                                                floors=floors))
         if best[2].group_limit:
             limit, kept = best[2].group_limit, best[2]
             terms = kept.row_overlap > 0 or kept.group_memory != 1 or kept.group_q_rows > 0
+            floors = kept.group_floor_us is not None
             for tile_m, tile_n, split_k in tiles:
                 if tile_m != kept.tile_m:
                     consider(per_kv, "kv_head", fit(per_kv, device, tile_m, tile_n, split_k,
-                                                    group_limit=limit, overlap=terms))
+                                                    group_limit=limit, overlap=terms or floors,
+                                                    floors=floors))
     # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]

@@ -22,7 +22,7 @@ from simulator.hardware.profiles import DeviceProfile
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
 
-__all__ = ["both_kv_row", "causal_shares", "evaluate", "predict", "tile_label", "training_ape"]
+__all__ = ["both_kv_row", "causal_shares", "evaluate", "extra_floor", "predict", "tile_label", "training_ape"]
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -79,6 +79,15 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
     return nbytes - kv + kv * kv_scale, rows * row_scale
 
 
+def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
+    """Seconds added to ``fitted.seconds`` of ``samples[idx]``: decode attention outside its
+    grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`)."""
+    if not (samples.decode and fitted.group_limit and fitted.group_floor_us is not None
+            and samples.group is not None):
+        return 0.0
+    return (fitted.decode_floor(samples.group[idx]) - fitted.floor_us) * 1e-6
+
+
 def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
             idx: np.ndarray) -> np.ndarray:
     """Seconds ``fitted`` gives the measured shapes ``idx``."""
@@ -89,7 +98,8 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
     nbytes, rows = _bytes_rows(samples, fitted, idx)
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
                                      device.memory_bandwidth, samples.flops[idx] * fscale,
-                                     nbytes * scale, units, rows, quant))
+                                     nbytes * scale, units, rows, quant)
+                      + extra_floor(samples, fitted, idx))
 
 
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:

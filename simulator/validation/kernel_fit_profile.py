@@ -38,8 +38,10 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                 del dumped["kv_reread_share"]
             if not dumped["group_limit"]:  # one decode kernel: its group constants unused
                 for off in ("group_limit", "group_reread", "group_row_share", "row_overlap",
-                            "group_memory", "group_q_rows"):
+                            "group_memory", "group_q_rows", "group_floor_us", "group_step"):
                     del dumped[off]
+            if dumped.get("group_floor_us", 0) is None:  # the grouped kernel's floor
+                del dumped["group_floor_us"]
             fields = ", ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
                                for k, v in dumped.items())
             block.append(f"      {op}: {{{fields}}}")
