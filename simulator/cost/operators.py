@@ -286,7 +286,8 @@ class OperatorPricing:
             peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
             c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant)
             compute, memory = float(c), float(m)
-            fixed = (float(fit.fixed(rows, max(compute, memory)))
+            # ``units`` input rows per GEMM (tokens), for each of the ``kernels`` GEMMs.
+            fixed = (float(fit.fixed(rows, max(compute, memory), units * kernels))
                      + (kernels - 1) * fit.floor_us * 1e-6)
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:

@@ -78,6 +78,9 @@ class OperatorFit(Frozen):
         t = max((F * q + F * (1 / fill - 1) + half_flops) / (peak * compute),
                 (B / fill + half_bytes) / (bw * memory)) + floor + R * per_row_ps
 
+    A GEMM family adds ``U * per_unit_ns`` to the per-row work (one input row of one
+    GEMM: a per-token quantisation kernel's thread block).
+
     ``q`` is the tile/wave multiplier of the FLOPs (``tile_m``; 1 without it): waves x SMs
     over the exact tile count, computed by :func:`simulator.cost.roofline.quantisation`
     from the operator's shape and the device's ``sm_count``.
@@ -95,6 +98,13 @@ class OperatorFit(Frozen):
     floor_us: float = Field(ge=0, description="Fixed latency of one kernel, microseconds.")
     per_row_ps: float = Field(0.0, ge=0, description=(
         "Time per row of per-row work (quantised activation element, query row), picoseconds."))
+    per_unit_ns: float = Field(0.0, ge=0, description=(
+        "GEMM families: time per input row (token) of each GEMM, nanoseconds, beside the "
+        "per-element term: the activation-quantisation kernel an engine launches before an "
+        "FP8 GEMM with one thread block per token (vLLM csrc/quantization/w8a8/fp8/common.cu, "
+        "`static_scaled_fp8_quant` and `dynamic_per_token_scaled_fp8_quant`: grid = "
+        "num_tokens, 256 threads), whose blocks cost about the same for any row width up to "
+        "a few thousand elements. 0 where the kernels have no such term (the fit decides)."))
     row_unit: Literal["query_head", "kv_head"] = Field("query_head", description=(
         "Decode attention only: what one row of per-row work is, a (sequence, query head) "
         "pair, or a (sequence, KV head) pair (grouped-query decode kernels that process the "
@@ -286,11 +296,15 @@ class OperatorFit(Frozen):
         memory = (nbytes * under + self.half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
         return compute, memory
 
-    def fixed(self, rows: Any = 0.0, busy: Any = 0.0) -> Any:
+    def fixed(self, rows: Any = 0.0, busy: Any = 0.0, units: Any = 0.0) -> Any:
         """Seconds added to the larger of compute and memory (``busy``): the floor and the
-        per-row work, less the share of that work hidden under ``busy`` (``row_overlap``).
-        The sum ``busy + fixed`` never decreases in ``busy`` or ``rows``."""
+        per-row work (``rows`` per-row elements, and for a GEMM family ``units`` input rows
+        at ``per_unit_ns``), less the share of that work hidden under ``busy``
+        (``row_overlap``). The sum ``busy + fixed`` never decreases in ``busy``, ``rows`` or
+        ``units``."""
         per_row = rows * self.per_row_ps * 1e-12
+        if self.per_unit_ns:
+            per_row = per_row + units * self.per_unit_ns * 1e-9
         if not self.row_overlap:
             return self.floor_us * 1e-6 + per_row
         arrays = isinstance(busy, np.ndarray) or isinstance(per_row, np.ndarray)
@@ -301,7 +315,7 @@ class OperatorFit(Frozen):
                 units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0) -> Any:
         compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant)
         busy = np.maximum(compute, memory)
-        return busy + self.fixed(rows, busy)
+        return busy + self.fixed(rows, busy, units)
 
 
 class CollectiveCurve(Frozen):

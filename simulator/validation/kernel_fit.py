@@ -168,11 +168,13 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
-            head_dim: bool = True, reread: bool = True) -> OperatorFit:
+            head_dim: bool = True, reread: bool = True, per_unit: bool = False) -> OperatorFit:
     # With ``causal`` (prefill attention), after the head-dimension exponent (``head_dim``:
     # the family has one, x[7]): the logits of causal_tail (0.05 to 2) and kv_reread_share;
     # the last, with ``softmax``: log(softmax_dim / 64). A family without re-read bytes
-    # (``reread`` false: MLA, whose latent is read once) keeps kv_reread_share 1.
+    # (``reread`` false: MLA, whose latent is read once) keeps kv_reread_share 1. With
+    # ``per_unit`` (GEMM families, which have none of those terms) the last is
+    # log(per_unit_ns).
     c = 8 if head_dim else 7
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit);
     # x[12:14], where present: log(group_floor_us) and the logit of group_step / 2.
@@ -193,7 +195,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
     return OperatorFit(**extra, compute=_sig(x[0]), half_flops=_exp(x[1]), memory=_sig(x[2]),
                        half_bytes=_exp(x[3]), floor_us=_exp(x[4]),
                        half_units=_exp(x[5]) if fill else 0.0,
-                       per_row_ps=_exp(x[6]), rows=rows, tile_m=tile_m, tile_n=tile_n,
+                       per_row_ps=_exp(x[6]), per_unit_ns=_exp(x[-1]) if per_unit else 0.0,
+                       rows=rows, tile_m=tile_m, tile_n=tile_n,
                        split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
@@ -206,7 +209,8 @@ def _rounded(f: OperatorFit) -> OperatorFit:
     return OperatorFit(compute=round(f.compute, 4), half_flops=sig4(f.half_flops),
                        memory=round(f.memory, 4), half_bytes=sig4(f.half_bytes),
                        half_units=sig4(f.half_units), floor_us=round(f.floor_us, 3),
-                       per_row_ps=sig4(f.per_row_ps), row_unit=f.row_unit, rows=f.rows,
+                       per_row_ps=sig4(f.per_row_ps), per_unit_ns=sig4(f.per_unit_ns),
+                       row_unit=f.row_unit, rows=f.rows,
                        tile_m=f.tile_m, tile_n=f.tile_n, split_k=f.split_k, tile_k0=f.tile_k0,
                        head_dim_exp=round(f.head_dim_exp, 3), pack_gqa=f.pack_gqa,
                        causal_tail=round(f.causal_tail, 3), softmax_dim=round(f.softmax_dim, 1),
@@ -243,6 +247,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
     f = samples.flops[idx]
     has_hd, has_reread = samples.head_dim is not None, samples.kv_bytes is not None
+    per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread)
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
@@ -253,7 +258,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
-                        group_limit, moe_kernel, causal, softmax, has_hd, has_reread)
+                        group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -273,7 +278,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        math.log(fl0), math.log(uh0), math.log(rp0),
                        *([0.0] if hd is not None else group_start if group_limit
                          else []), *([0.0, 3.0 - 6.0 * (i % 2)] if share is not None else []),
-                       *([math.log(1.5)] if softmax else [])])
+                       *([math.log(1.5)] if softmax else []),
+                       *([math.log(1.0)] if per_unit else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -290,7 +296,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
-                            softmax, has_hd, has_reread))
+                            softmax, has_hd, has_reread, per_unit))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),

@@ -30,7 +30,8 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             if dumped["row_unit"] == "query_head":  # the default: keep the lines short
                 del dumped["row_unit"]
             for off in ("tile_m", "tile_n", "split_k", "tile_k0", "pack_gqa", "head_dim_exp",
-                        "tile_dispatch", "moe_kernel", "causal_tail", "softmax_dim"):
+                        "tile_dispatch", "moe_kernel", "causal_tail", "softmax_dim",
+                        "per_unit_ns"):
                 if not dumped[off]:
                     del dumped[off]
             if dumped["kv_reread_share"] == 1.0:
