@@ -222,6 +222,18 @@ class OperatorFit(Frozen):
         "trtllm/1.3.0rc20/generation_attention_perf.parquet, FP8 KV cache) one sequence of 2 "
         "tokens over 8 KV heads of dimension 128 takes 9.0 us with one query head per KV head "
         "(masked multi-head attention) and 6.0 us with two (XQA)."))
+    l2_speedup: float = Field(1.0, ge=1, le=20, description=(
+        "How many times faster than its memory term an operator runs whose working set "
+        "stays in the L2 cache between back-to-back calls (1: no such term). A condition of "
+        "the measurement, not of serving: AIConfigurator's collector replays one CUDA graph "
+        "of the same kernel on the same buffers with no cache flush in between "
+        "(ai-dynamo/aiconfigurator collector/helper.py `benchmark_with_power`; the attention "
+        "collectors build one KV cache per shape), so a KV cache smaller than the L2 is read "
+        "from L2 after the first replay. The step model runs every layer between two calls "
+        "of one layer's attention, whose traffic evicts that layer's KV, and prices it from "
+        "memory: only the fit uses the term (:meth:`parts`, ``warm``), so that the warm "
+        "shapes do not pull the memory efficiency of the cold ones. Fitted on devices whose "
+        "profile gives `l2_cache_mb`."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     def decode_floor(self, group: Any) -> Any:
@@ -280,12 +292,16 @@ class OperatorFit(Frozen):
         return scale * max(1.0, self.softmax_dim / float(head_dim))
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
-              units: Any = 1.0, quant: Any = 1.0) -> tuple[Any, Any]:
+              units: Any = 1.0, quant: Any = 1.0, warm: Any = 0.0) -> tuple[Any, Any]:
         """Compute and memory seconds (floats or numpy arrays).
 
         ``quant`` is the tile/wave multiplier of the FLOPs (1 without ``tile_m``); the fill
         term adds ``F * (half_units / U)``, which stays constant while F grows with U.
+        ``warm`` is the share of the bytes read from a warm L2 (:attr:`l2_speedup`): 0, the
+        default, wherever the step model prices an operator.
         """
+        if self.l2_speedup != 1.0:
+            nbytes = nbytes * (1.0 - warm * (1.0 - 1.0 / self.l2_speedup))
         fewest = np.maximum(units, 1e-9) if isinstance(units, np.ndarray) else max(units, 1e-9)
         under = (units + self.half_units) / fewest if self.half_units else 1.0
         if self.tile_m:
@@ -312,8 +328,8 @@ class OperatorFit(Frozen):
         return self.floor_us * 1e-6 + per_row - self.row_overlap * hidden
 
     def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
-                units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0) -> Any:
-        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant)
+                units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0, warm: Any = 0.0) -> Any:
+        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant, warm)
         busy = np.maximum(compute, memory)
         return busy + self.fixed(rows, busy, units)
 

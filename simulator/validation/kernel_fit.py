@@ -25,6 +25,7 @@ package is opened.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -54,6 +55,7 @@ from simulator.validation.kernel_fit_predict import (
     evaluate,
     extra_floor,
     training_ape,
+    warm_share,
 )
 from simulator.validation.kernel_fit_profile import write_profile
 from simulator.validation.kernel_fit_report import interpolation_errors
@@ -168,7 +170,13 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             split_k: bool = False, fill: bool = True, tile_k0: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
-            head_dim: bool = True, reread: bool = True, per_unit: bool = False) -> OperatorFit:
+            head_dim: bool = True, reread: bool = True, per_unit: bool = False,
+            l2: bool = False) -> OperatorFit:
+    # With ``l2``, the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); the
+    # others keep their places below.
+    speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
+    if l2:
+        x = x[:-1]
     # With ``causal`` (prefill attention), after the head-dimension exponent (``head_dim``:
     # the family has one, x[7]): the logits of causal_tail (0.05 to 2) and kv_reread_share;
     # the last, with ``softmax``: log(softmax_dim / 64). A family without re-read bytes
@@ -200,7 +208,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
-                       moe_kernel=moe_kernel if tile_n else "")
+                       moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup)
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -224,14 +232,15 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        group_q_rows=round(f.group_q_rows, 4) if f.group_limit else 0.0,
                        group_floor_us=(round(f.group_floor_us, 3) if f.group_limit
                                        and f.group_floor_us is not None else None),
-                       group_step=round(f.group_step, 4) if f.group_limit else 0.0)
+                       group_step=round(f.group_step, 4) if f.group_limit else 0.0,
+                       l2_speedup=round(f.l2_speedup, 3))
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
         dispatch: str = "", group_limit: int = 0, overlap: bool = True,
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
-        floors: bool = False) -> OperatorFit:
+        floors: bool = False, l2: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -240,7 +249,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     limit with or without ``overlap`` (``row_overlap``, ``group_memory``, ``group_q_rows``;
     without: 0, 1, 0), and with ``floors`` also ``group_floor_us`` and ``group_step``
     (each kernel's own terms); a MoE family with a grouped kernel (``moe_kernel``,
-    :data:`MOE_KERNEL_CHOICES`)."""
+    :data:`MOE_KERNEL_CHOICES`); with ``l2``, the speed of a working set held in a warm L2
+    (``OperatorFit.l2_speedup``, on the shapes :func:`warm_share` marks)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -250,6 +260,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread)
+    warm = warm_share(samples, device, idx) if l2 else 0.0
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
     share = causal_shares(samples, start, device, idx)
     log_t = np.log(samples.seconds[idx])
@@ -258,12 +269,13 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
-                        group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit)
+                        group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
+                        l2)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
         qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
-        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx)
+        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm)
                       + extra_floor(samples, model, idx)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
@@ -279,7 +291,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([0.0] if hd is not None else group_start if group_limit
                          else []), *([0.0, 3.0 - 6.0 * (i % 2)] if share is not None else []),
                        *([math.log(1.5)] if softmax else []),
-                       *([math.log(1.0)] if per_unit else [])])
+                       *([math.log(1.0)] if per_unit else []), *([0.0] if l2 else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -296,7 +308,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
-                            softmax, has_hd, has_reread, per_unit))
+                            softmax, has_hd, has_reread, per_unit, l2))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
@@ -314,7 +326,15 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     (:data:`MOE_KERNEL_CHOICES`), each with its own tiles (:data:`MOE_KERNEL_TILES`), which
     compete like a dispatch table; with ``causal``, prefill attention is also fitted with
     the causal tail and re-read share, and with the softmax floor (:data:`CAUSAL_ENGINES`).
+    Attention on a device with an L2 figure, where some training shapes fit in it
+    (:func:`warm_share`), is fitted with and without the warm-L2 speed
+    (``OperatorFit.l2_speedup``).
     """
+    train = np.flatnonzero(~family.held_out)
+    warm = bool(np.any(warm_share(family, device, train)))
+    # Attention fits every choice with and without the term; the GEMM-like families (whose
+    # tile choices are many) only their chosen tiles, below.
+    l2s = (False, True) if warm and family.op.startswith("attention") else (False,)
     variants = [(family, "query_head")]
     if family.kv_rows is not None:
         variants.append((replace(family, rows=family.kv_rows, kv_rows=None), "kv_head"))
@@ -331,15 +351,16 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             best = (score, samples, fitted)
 
     packs = (False, True) if family.prefill else (False,)
-    for samples, unit in variants:
+    for (samples, unit), l2 in itertools.product(variants, l2s):
         for tile_m, tile_n, split_k in tiles:
             for pack in packs if tile_m else (False,):
-                consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack))
+                consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack,
+                                            l2=l2))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
-                consider(samples, unit, fit(samples, device, tile_m, causal=True))
+                consider(samples, unit, fit(samples, device, tile_m, causal=True, l2=l2))
                 if family.head_dim is not None:  # the floor scales with the head dimension
                     consider(samples, unit, fit(samples, device, tile_m, causal=True,
-                                                softmax=True))
+                                                softmax=True, l2=l2))
     assert best is not None
     if family.decode and family.group is not None and group_limits and len(variants) > 1:
         # Rows per KV head: the grouped kernel's blocks (decode_group scales the others').
@@ -347,11 +368,11 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         # With and without the overlap terms (OperatorFit.row_overlap): the training
         # shapes choose.
         # and with each kernel's own terms (OperatorFit.group_floor_us, group_step).
-        for limit in group_limits:
-            for overlap, floors in ((False, False), (True, False), (True, True)):
-                consider(per_kv, "kv_head", fit(per_kv, device, plain.tile_m,
-                                                group_limit=limit, overlap=overlap,
-                                                floors=floors))
+        for limit, (overlap, floors), l2 in itertools.product(
+                group_limits, ((False, False), (True, False), (True, True)), l2s):
+            consider(per_kv, "kv_head", fit(per_kv, device, plain.tile_m,
+                                            group_limit=limit, overlap=overlap,
+                                            floors=floors, l2=l2))
         if best[2].group_limit:
             limit, kept = best[2].group_limit, best[2]
             terms = kept.row_overlap > 0 or kept.group_memory != 1 or kept.group_q_rows > 0
@@ -360,18 +381,25 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 if tile_m != kept.tile_m:
                     consider(per_kv, "kv_head", fit(per_kv, device, tile_m, tile_n, split_k,
                                                     group_limit=limit, overlap=terms or floors,
-                                                    floors=floors))
+                                                    floors=floors,
+                                                    l2=kept.l2_speedup != 1.0))
+    if warm and len(l2s) == 1:
+        kept = best[2]
+        consider(best[1], kept.row_unit, fit(
+            best[1], device, kept.tile_m, kept.tile_n, kept.split_k, 0, kept.pack_gqa, l2=True))
     # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]
     if device.sm_count and family.tiles is not None:
         for dispatch in dispatches:
-            table = [fit(family, device, 128, 128, split_k, 0, dispatch=dispatch)
-                     for split_k in (False, True)]  # tile_m/n only switch tiling on
+            table = [fit(family, device, 128, 128, split_k, 0, dispatch=dispatch, l2=l2)
+                     for split_k in (False, True)  # tile_m/n only switch tiling on
+                     for l2 in (False, True)[:1 + warm]]
             candidates.append(min(table, key=lambda f: training_ape(family, device, f)))
         for kernel in moe_kernels:
-            table = [fit(family, device, tile_m, tile_n, moe_kernel=kernel)
-                     for tile_m, tile_n in MOE_KERNEL_TILES[kernel]]
+            table = [fit(family, device, tile_m, tile_n, moe_kernel=kernel, l2=l2)
+                     for tile_m, tile_n in MOE_KERNEL_TILES[kernel]
+                     for l2 in (False, True)[:1 + warm]]
             candidates.append(min(table, key=lambda f: training_ape(family, device, f)))
     for chosen in candidates:
         if chosen is not best[2]:
@@ -381,7 +409,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 samples = family if chosen.tile_dispatch or chosen.moe_kernel else best[1]
                 consider(samples, chosen.row_unit, fit(
                     samples, device, chosen.tile_m, chosen.tile_n, chosen.split_k, k0,
-                    chosen.pack_gqa, chosen.tile_dispatch, moe_kernel=chosen.moe_kernel))
+                    chosen.pack_gqa, chosen.tile_dispatch, moe_kernel=chosen.moe_kernel,
+                    l2=chosen.l2_speedup != 1.0))
     return best[1], best[2]
 
 

@@ -22,7 +22,8 @@ from simulator.hardware.profiles import DeviceProfile
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
 
-__all__ = ["both_kv_row", "causal_shares", "evaluate", "extra_floor", "predict", "tile_label", "training_ape"]
+__all__ = ["both_kv_row", "causal_shares", "evaluate", "extra_floor", "predict", "tile_label",
+           "training_ape", "warm_share"]
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -88,6 +89,17 @@ def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
     return (fitted.decode_floor(samples.group[idx]) - fitted.floor_us) * 1e-6
 
 
+def warm_share(samples: Samples, device: DeviceProfile, idx: np.ndarray) -> Any:
+    """1 where the working set of a measured shape fits the device's L2 cache
+    (``l2_cache_mb``, MiB), else 0: the collector replays the same kernel on the same
+    buffers back to back (``OperatorFit.l2_speedup``), so such a working set is read from
+    L2 after the first replay. 0 for families without a footprint and devices without an L2
+    figure."""
+    if samples.footprint is None or not device.l2_cache_mb:
+        return 0.0
+    return (samples.footprint[idx] <= device.l2_cache_mb * 2**20).astype(float)
+
+
 def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
             idx: np.ndarray) -> np.ndarray:
     """Seconds ``fitted`` gives the measured shapes ``idx``."""
@@ -96,9 +108,10 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
     scale = fitted.work_scale(hd) if hd is not None else 1.0
     fscale = fitted.flops_scale(hd) if hd is not None else 1.0
     nbytes, rows = _bytes_rows(samples, fitted, idx)
+    warm = warm_share(samples, device, idx) if fitted.l2_speedup != 1.0 else 0.0
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
                                      device.memory_bandwidth, samples.flops[idx] * fscale,
-                                     nbytes * scale, units, rows, quant)
+                                     nbytes * scale, units, rows, quant, warm)
                       + extra_floor(samples, fitted, idx))
 
 

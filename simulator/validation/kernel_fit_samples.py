@@ -58,6 +58,11 @@ class Samples:
     kv_bytes: np.ndarray | None = None
     """Decode attention: the KV-cache part of ``nbytes`` (``OperatorFit.group_reread``);
     prefill attention: its K/V re-read (``OperatorFit.kv_reread_share``)."""
+    footprint: np.ndarray | None = None
+    """The bytes one timed replay touches once each (attention: KV cache, queries, outputs;
+    GEMM: every copy's operands, :data:`GEMM_COPIES`), which a warm L2 holds between the
+    collector's back-to-back replays where they fit (``OperatorFit.l2_speedup``;
+    :func:`simulator.validation.kernel_fit_predict.warm_share`)."""
 
     @property
     def prefill(self) -> bool:
@@ -74,8 +79,20 @@ def _held_out(keys: pd.Series) -> np.ndarray:
     return keys.map(codes).to_numpy(bool)
 
 
+GEMM_COPIES = {"vllm": 6, "sglang": 6, "trtllm": 5}
+"""Copies of a GEMM's operands the collector cycles through in one timed replay, so that
+repeated calls span more than the L2 (ai-dynamo/aiconfigurator collector/vllm/collect_gemm.py
+and collector/sglang/collect_gemm.py: ``outside_loop_count = 6`` GEMMs, each with its own
+weight; collector/trtllm/collect_gemm.py: ``max(1, min(5, ceil(L2 / weight bytes)))``
+copies, whose operands fit the L2 exactly where five of them do). A GEMM whose copies fit the
+L2 together still runs warm (:attr:`Samples.footprint`)."""
+
+
 def gemm_samples(folder: Path) -> list[Samples]:
+    """BF16, FP8 and NVFP4 GEMMs of one engine's ``gemm_perf`` table
+    (``.../gemm/<engine>/<version>``)."""
     g = pd.read_parquet(folder / "gemm_perf.parquet")
+    copies = GEMM_COPIES.get(folder.parent.name)
     out = []
     for dtype, (op, precision) in _GEMM.items():
         part = g[g["gemm_dtype"] == dtype]
@@ -89,7 +106,8 @@ def gemm_samples(folder: Path) -> list[Samples]:
         out.append(Samples(op, precision, 2 * m * n * k, nbytes, m, m * k,
                            part["latency"].to_numpy(float) * 1e-3, _held_out(keys),
                            f"{folder}/gemm_perf.parquet ({dtype})",
-                           tiles=(np.ones_like(m), m, n, k)))
+                           tiles=(np.ones_like(m), m, n, k),
+                           footprint=nbytes * copies if copies else None))
     return out
 
 
@@ -116,6 +134,7 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
             flops = 4 * heads * hd * pairs * batch
             nbytes = batch * isl * (2 * kvh * hd * kvb + 2 * heads * hd * 2)
             kv_bytes = kv_reread_bytes(batch * pairs, kvh * 2 * hd * kvb)
+            footprint = nbytes
             nbytes = nbytes + kv_bytes
             units, rows = batch * heads, batch * isl * heads
             tiles = (batch, isl, heads, kvh, hd)
@@ -124,6 +143,7 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
             flops = 4 * heads * hd * kv * batch
             kv_bytes = batch * kv * 2 * kvh * hd * kvb
             nbytes = kv_bytes + batch * 2 * heads * hd * 2
+            footprint = nbytes
             units, rows = decode_units(batch, batch * kv, kvh), batch * heads
             tiles = (batch, batch * kv, kvh)
         keys = (a["num_heads"].astype(str) + "/" + a["num_key_value_heads"].astype(str) + "/"
@@ -132,7 +152,8 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
                         _held_out(keys), f"{folder}/{name}",
                         batch * kvh if op == "attention_decode" else None, tiles,
                         hd if op == "attention_prefill" else None,
-                        heads / kvh if op == "attention_decode" else None, kv_bytes)
+                        heads / kvh if op == "attention_decode" else None, kv_bytes,
+                        footprint)
         if not split_kv:
             out.append(whole)
             continue
@@ -203,7 +224,8 @@ def mla_samples(folder: Path) -> list[Samples]:
         keys = a["num_heads"].astype(str) + "/" + kv_key + width
         whole = Samples(op, "bf16", flops, nbytes, units, rows,
                         a["latency"].to_numpy(float) * 1e-3, _held_out(keys),
-                        f"{folder}/{name}", kv_rows, tiles, kv_bytes=kv_bytes)
+                        f"{folder}/{name}", kv_rows, tiles, kv_bytes=kv_bytes,
+                        footprint=nbytes)
         fp8 = a["kv_cache_dtype"].to_numpy() == "fp8"
         for mask, suffix in ((~fp8, ""), (fp8, "_kv_fp8")):
             if mask.any():
@@ -217,7 +239,7 @@ def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
     tiles = None if s.tiles is None else tuple(t[mask] for t in s.tiles)
     return Samples(op, s.precision, s.flops[mask], s.nbytes[mask], s.units[mask], s.rows[mask],
                    s.seconds[mask], s.held_out[mask], f"{s.source} ({op})", cut(s.kv_rows),
-                   tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes))
+                   tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes), cut(s.footprint))
 
 
 NON_GATED_LAYOUTS = ((22, 512, None, None), (6, 128, 2688, 1856))
