@@ -5,6 +5,7 @@ query head) for plain MHA and larger groups (OperatorFit.group_limit)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -90,35 +91,49 @@ def test_a_layout_past_the_limit_rereads_kv_and_has_a_block_per_query_head() -> 
     assert series.seconds[0] == pytest.approx(past.step(step).seconds, rel=1e-9)
 
 
-def test_kernel_fit_finds_the_group_limit_that_made_the_data() -> None:
-    """Synthetic decode timings from a fit with group limit 32: the fit chooses 32 among the
-    engine's choices on its training layouts and predicts the held-out ones."""
-    from simulator.validation.kernel_fit import GROUP_LIMIT_CHOICES, Samples, evaluate, fit_family
+def _synthetic_decode(truth: OperatorFit, seed: int, layouts: list[tuple[int, int]],
+                      contexts: list[float], held_layouts: list[tuple[int, int]]
+                      ) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+    """3,000 decode-attention samples on H100 (head dimension 128, BF16 KV) of random
+    ``(query heads, KV heads)`` layouts, batches and ``contexts``, timed by ``truth`` as the
+    fit scores them (each kernel's floor included); ``held_layouts`` are held out. Returns
+    the samples and their batch sizes and contexts."""
+    from simulator.cost.roofline import quantisation
+    from simulator.validation.kernel_fit import Samples
+    from simulator.validation.kernel_fit_predict import extra_floor
 
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     n = 3000
-    layouts = np.array([(32, 8), (64, 8), (32, 32), (64, 1), (128, 2), (96, 2), (16, 1),
-                        (40, 8), (128, 1), (8, 8), (48, 1), (24, 4), (64, 2), (96, 4),
-                        (32, 2), (128, 8)], float)
-    heads, kvh = layouts[rng.integers(0, len(layouts), n)].T
+    heads, kvh = np.array(layouts, float)[rng.integers(0, len(layouts), n)].T
     batch = rng.choice([1.0, 8.0, 64.0, 512.0], n)
-    kv = rng.choice([16.0, 512.0, 4096.0, 32768.0], n)
+    kv = rng.choice(contexts, n)
     hd = 128.0
     flops = 4 * heads * hd * kv * batch
     kv_bytes = batch * kv * 2 * kvh * hd * 2
     nbytes = kv_bytes + batch * 2 * heads * hd * 2
     group = heads / kvh
-    g_heads, g_kv, g_rows = GROUPED.decode_group(group)
-    from simulator.cost.roofline import quantisation
+    g_heads, g_kv, g_rows = truth.decode_group(group)
     units = decode_units(batch, batch * kv, kvh * g_heads, 512)
-    q = quantisation(GROUPED, (batch, batch * kv, kvh * g_heads), 132, True)
-    seconds = GROUPED.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth, flops,
-                              nbytes - kv_bytes + kv_bytes * g_kv, units,
-                              batch * kvh * g_rows, q)
-    held = np.isin(heads * 1000 + kvh, [64 * 1000 + 8, 96 * 1000 + 2, 24 * 1000 + 4, 96 * 1000 + 4])
+    q = quantisation(truth, (batch, batch * kv, kvh * g_heads), 132, True)
+    held = np.isin(heads * 1000 + kvh, [h * 1000 + k for h, k in held_layouts])
     samples = Samples("attention_decode", "bf16", flops, nbytes,
-                      decode_units(batch, batch * kv, kvh), batch * heads, seconds, held,
+                      decode_units(batch, batch * kv, kvh), batch * heads, np.zeros(n), held,
                       "synthetic", batch * kvh, (batch, batch * kv, kvh), None, group, kv_bytes)
+    seconds = truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth, flops,
+                            nbytes - kv_bytes + kv_bytes * g_kv, units, batch * kvh * g_rows,
+                            q) + extra_floor(samples, truth, np.arange(n))
+    return replace(samples, seconds=seconds), (batch, kv)
+
+
+def test_kernel_fit_finds_the_group_limit_that_made_the_data() -> None:
+    """Synthetic decode timings from a fit with group limit 32: the fit chooses 32 among the
+    engine's choices on its training layouts and predicts the held-out ones."""
+    from simulator.validation.kernel_fit import GROUP_LIMIT_CHOICES, evaluate, fit_family
+
+    samples, _ = _synthetic_decode(
+        GROUPED, 5, [(32, 8), (64, 8), (32, 32), (64, 1), (128, 2), (96, 2), (16, 1), (40, 8),
+                     (128, 1), (8, 8), (48, 1), (24, 4), (64, 2), (96, 4), (32, 2), (128, 8)],
+        [16.0, 512.0, 4096.0, 32768.0], [(64, 8), (96, 2), (24, 4), (96, 4)])
     plain_rows, plain = fit_family(samples, H100)
     rows, fitted = fit_family(samples, H100, (), GROUP_LIMIT_CHOICES["trtllm"])
     assert plain.group_limit == 0
@@ -222,34 +237,15 @@ def test_kernel_fit_finds_the_other_kernels_floor() -> None:
     """Synthetic decode timings where masked multi-head attention has a floor of 12 us and
     XQA one of 5 us: fitted with the other kernel's floor, the held-out layouts are priced
     to within 1 %; one floor for both leaves the tiny shapes of one kernel off."""
-    from simulator.validation.kernel_fit import GROUP_LIMIT_CHOICES, Samples, evaluate, fit_family
-    from simulator.validation.kernel_fit_predict import extra_floor
+    from simulator.validation.kernel_fit import GROUP_LIMIT_CHOICES, evaluate, fit_family
 
     truth = GROUPED.model_copy(update={"group_floor_us": 12.0})
-    rng = np.random.default_rng(7)
-    n = 3000
-    layouts = np.array([(32, 8), (64, 8), (32, 32), (64, 1), (128, 2), (16, 1), (40, 8),
-                        (128, 1), (8, 8), (24, 4), (64, 2), (96, 4), (32, 2), (128, 8)], float)
-    heads, kvh = layouts[rng.integers(0, len(layouts), n)].T
-    batch = rng.choice([1.0, 8.0, 64.0, 512.0], n)
-    kv = rng.choice([2.0, 64.0, 4096.0, 32768.0], n)
-    hd = 128.0
-    flops = 4 * heads * hd * kv * batch
-    kv_bytes = batch * kv * 2 * kvh * hd * 2
-    nbytes = kv_bytes + batch * 2 * heads * hd * 2
-    group = heads / kvh
-    g_heads, g_kv, g_rows = truth.decode_group(group)
-    from simulator.cost.roofline import quantisation
-    units = decode_units(batch, batch * kv, kvh * g_heads, 512)
-    q = quantisation(truth, (batch, batch * kv, kvh * g_heads), 132, True)
-    held = np.isin(heads * 1000 + kvh, [64 * 1000 + 8, 128 * 1000 + 1, 24 * 1000 + 4])
-    samples = Samples("attention_decode", "bf16", flops, nbytes,
-                      decode_units(batch, batch * kv, kvh), batch * heads, np.zeros(n), held,
-                      "synthetic", batch * kvh, (batch, batch * kv, kvh), None, group, kv_bytes)
-    seconds = truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth, flops,
-                            nbytes - kv_bytes + kv_bytes * g_kv, units, batch * kvh * g_rows,
-                            q) + extra_floor(samples, truth, np.arange(n))
-    samples = replace(samples, seconds=seconds)
+    samples, (batch, kv) = _synthetic_decode(
+        truth, 7, [(32, 8), (64, 8), (32, 32), (64, 1), (128, 2), (16, 1), (40, 8), (128, 1),
+                   (8, 8), (24, 4), (64, 2), (96, 4), (32, 2), (128, 8)],
+        [2.0, 64.0, 4096.0, 32768.0], [(64, 8), (128, 1), (24, 4)])
+    group = samples.group
+    assert group is not None
     rows, fitted = fit_family(samples, H100, (), GROUP_LIMIT_CHOICES["trtllm"])
     assert fitted.group_limit == 32
     # A constant in the memory term (half_bytes) trades with both floors: their difference
@@ -258,5 +254,5 @@ def test_kernel_fit_finds_the_other_kernels_floor() -> None:
     assert fitted.group_floor_us - fitted.floor_us == pytest.approx(7.0, abs=0.3)
     assert evaluate(rows, H100, fitted)["median_ape_after"] < 1.0
     one_floor = fitted.model_copy(update={"group_floor_us": None})
-    tiny = held & (group == 128.0) & (kv == 2.0) & (batch == 1.0)  # plain MHA, held out
+    tiny = samples.held_out & (group == 128.0) & (kv == 2.0) & (batch == 1.0)  # plain MHA, held out
     assert evaluate(replace(rows, held_out=tiny), H100, one_floor)["median_error_after"] < -20
