@@ -275,6 +275,95 @@ def test_the_step_model_prices_moe_with_the_kernel_sglang_dispatches() -> None:
     assert get_model("Qwen3-235B-A22B").architecture == "Qwen3MoeForCausalLM"
 
 
+def test_a_fitted_moe_layer_pays_its_floor_once() -> None:
+    """A ``moe_perf`` row times the whole routed-expert layer, so the step model adds the
+    fitted floor once per MoE layer, as the fit priced the row it was fitted on; it had
+    added it once per grouped GEMM (twice)."""
+    from simulator.cost import InstanceCostModel
+    from simulator.cost.batch import BatchShape
+    from simulator.hardware.operator_fits import OperatorFits
+    from simulator.models import get_model
+
+    model = get_model("Mixtral-8x7B")
+    base = OperatorFit(compute=0.3, half_flops=0.0, memory=0.6, half_bytes=0.0, floor_us=0.0)
+
+    def moe_seconds(floor_us: float) -> float:
+        fit = base.model_copy(update={"floor_us": floor_us})
+        device = H100.model_copy(update={"operators": {"sglang": OperatorFits(
+            source="t", fits={"moe": fit})}})
+        cost = InstanceCostModel(model, device, engine="sglang", fitted=True)
+        return cost.breakdown(BatchShape.decode(16, 16 * 1000))["moe"]
+
+    added = moe_seconds(30.0) - moe_seconds(0.0)
+    assert added == pytest.approx(model.num_layers * 30e-6, rel=1e-9)
+
+
+def test_without_a_token_exchange_the_fused_moe_writes_the_other_ranks_slots() -> None:
+    """TP attention with EP 8 (every rank holds every token): a fit with ``remote_slots``
+    adds, per MoE layer, the zeros its kernel writes for the 7/8 of the routed slots whose
+    expert is on another rank, (gate+up + hidden) 16-bit elements each; without EP there
+    is no other rank and nothing is added."""
+    from simulator.cost import InstanceCostModel
+    from simulator.cost.accounting import LinkSet
+    from simulator.cost.batch import BatchShape
+    from simulator.cost.parallel import Parallelism
+    from simulator.hardware.operator_fits import OperatorFits
+    from simulator.hardware.registry import load_link
+    from simulator.models import get_model
+
+    model = get_model("Mixtral-8x7B")
+    # Memory-bound at this batch: the added bytes show up whole.
+    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0)
+    nvl = load_link(H100.scale_up_link)
+
+    def moe(par: Parallelism, remote: bool) -> float:
+        device = H100.model_copy(update={"operators": {"sglang": OperatorFits(
+            source="t", fits={"moe": fit.model_copy(update={"remote_slots": remote})})}})
+        cost = InstanceCostModel(model, device, par, links=LinkSet(tp=nvl if par.tp > 1 else None),
+                                 engine="sglang", fitted=True)
+        return cost.breakdown(BatchShape.decode(64, 64 * 1000))["moe"]
+
+    alone = Parallelism()
+    assert moe(alone, True) == moe(alone, False)
+    ep8 = Parallelism(tp=8, ep=8)
+    slots = 64 * model.num_experts_per_token * (1 - 1 / 8)
+    written = slots * (2 * model.moe_intermediate_size + model.hidden_size) * 2
+    added = moe(ep8, True) - moe(ep8, False)
+    assert added == pytest.approx(
+        model.num_layers * written / (H100.memory_bandwidth * fit.memory), rel=1e-9)
+
+
+def test_kernel_fit_finds_the_writes_of_the_other_ranks_slots(tmp_path: Path) -> None:
+    """Timings made with the other ranks' slots written (a roofline with a floor, the
+    bytes of :meth:`OperatorFit.remote_bytes` added) are fitted with ``remote_slots`` and
+    reproduced; the same timings without them are fitted without it."""
+    from simulator.validation.kernel_fit import fit_family, training_ape
+
+    made = OperatorFit(compute=0.6, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=8.0)
+    for remote in (True, False):
+        truth = made.model_copy(update={"remote_slots": remote})
+        rows = []
+        for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
+                                        (7168, 2048, 8, 256), (3072, 1024, 8, 256),
+                                        (2048, 512, 8, 256), (6144, 2560, 8, 160)):
+            for tokens in (1, 16, 256, 2048, 16384):
+                for ep in (1, 8, 64):
+                    slots = tokens * topk / ep
+                    touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
+                    nbytes = (touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
+                              + truth.remote_bytes(tokens * topk - slots, 2 * inter, h))
+                    ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
+                                             2 * slots * 3 * h * inter, nbytes)) * 1e3
+                    rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
+                                 ep, "balanced", ms))
+        _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+        (samples,) = moe_samples(tmp_path)
+        no_tiles = H100.model_copy(update={"sm_count": None})
+        chosen, fitted = fit_family(samples, no_tiles)
+        assert fitted.remote_slots is remote
+        assert training_ape(chosen, no_tiles, fitted) < 1.0
+
+
 def test_a_hugging_face_config_gives_its_architecture(tmp_path: Path) -> None:
     import json
 

@@ -49,6 +49,12 @@ the 16-bit projection output to ``AllReduce`` with ``AllReduceFusionOp.RESIDUAL_
 The engines' measured all-reduce is keyed by elements: the collector reduces a 16-bit tensor
 of ``message_size`` elements (ai-dynamo/aiconfigurator ``collector/collect_all_reduce.py``,
 ``get_input_shape_and_comm_size``)."""
+WHOLE_LAYER_FITS = frozenset({"moe"})
+"""Operator labels whose fitted curve prices the whole operator as one measured call: the
+kernel tables time a routed-expert layer end to end (both grouped GEMMs, the activation and
+the combine in one ``moe_perf`` row; ai-dynamo/aiconfigurator ``collector/*/collect_moe.py``),
+so its fitted floor counts once per layer. A GEMM group's GEMMs are timed one per row, so
+each of its ``kernels`` pays the floor."""
 
 
 class OperatorPricing:
@@ -287,8 +293,9 @@ class OperatorPricing:
             c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant)
             compute, memory = float(c), float(m)
             # ``units`` input rows per GEMM (tokens), for each of the ``kernels`` GEMMs.
-            fixed = (float(fit.fixed(rows, max(compute, memory), units * kernels))
-                     + (kernels - 1) * fit.floor_us * 1e-6)
+            calls = 1 if label in WHOLE_LAYER_FITS else kernels
+            fixed = (float(fit.fixed(rows, max(compute, memory), units * calls))
+                     + (calls - 1) * fit.floor_us * 1e-6)
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
                 return compute + fixed, memory, 0.0
@@ -421,6 +428,12 @@ class OperatorPricing:
         width = m.moe_intermediate_size / par.expert_tp
         flops = 2.0 * tokens_here * expert_params
         nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._hb
+        exchanged = par.dp > 1 and self.ep_group is not None
+        fit = self._fits.get("moe")
+        if fit is not None and not exchanged:
+            # Without a token exchange every rank holds every token; a kernel that writes
+            # every routed slot (OperatorFit.remote_slots) writes the other ranks' too.
+            nbytes += fit.remote_bytes(max(routed - tokens_here, 0.0), 2 * width, h)
         # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
         quant = self._quant("moe", (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
         self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, tokens * h,
@@ -430,7 +443,7 @@ class OperatorPricing:
         router = h * m.num_experts
         self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1,
                    label="gemm_moe_dense")
-        if par.dp > 1 and self.ep_group is not None:
+        if exchanged:
             kernel = deepep_kernel(self.deepep_mode, extend_tokens(b))
             acc.add_comm(moe_exchange_seconds(
                 kernel, tokens, h, m.num_experts, m.num_experts_per_token, self.ep_group,

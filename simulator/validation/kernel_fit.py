@@ -121,6 +121,14 @@ time the Qwen3 and Qwen3.5 MoE layouts on FlashInfer's TensorRT-LLM MoE and the 
 Triton fused MoE, which one curve missed by about +27 % and -32 % (B200 median); the step
 model picks the family by SGLang's own rule
 (:func:`simulator.hardware.operator_fits.moe_kernel_family`)."""
+REMOTE_SLOT_ENGINES = ("vllm", "sglang")
+"""Engines whose MoE fits are offered the other ranks' token slots (``OperatorFit.remote_slots``),
+on their training shapes only: both run the Triton fused-MoE kernel, which writes zeros for
+every slot routed to another rank's expert (vllm/model_executor/layers/fused_moe/fused_moe.py,
+sglang .../fused_moe_triton/, ``write_zeros_to_output``). TensorRT-LLM's CUTLASS MoE
+gathers only its own rank's slots and writes nothing for the others
+(cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/, ``expandInputRowsKernel`` and
+``finalizeMoeRoutingKernel`` skip experts outside the rank), so its fits are not."""
 CAUSAL_ENGINES = ("vllm", "trtllm", "sglang")
 """Engines whose prefill-attention fits are offered the causal tail, the K/V re-read share
 and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softmax_dim``),
@@ -171,7 +179,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
             head_dim: bool = True, reread: bool = True, per_unit: bool = False,
-            l2: bool = False) -> OperatorFit:
+            l2: bool = False, remote: bool = False) -> OperatorFit:
     # With ``l2``, the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); the
     # others keep their places below.
     speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
@@ -208,7 +216,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
-                       moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup)
+                       moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
+                       remote_slots=remote)
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -233,14 +242,14 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        group_floor_us=(round(f.group_floor_us, 3) if f.group_limit
                                        and f.group_floor_us is not None else None),
                        group_step=round(f.group_step, 4) if f.group_limit else 0.0,
-                       l2_speedup=round(f.l2_speedup, 3))
+                       l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
         dispatch: str = "", group_limit: int = 0, overlap: bool = True,
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
-        floors: bool = False, l2: bool = False) -> OperatorFit:
+        floors: bool = False, l2: bool = False, remote: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -250,7 +259,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     without: 0, 1, 0), and with ``floors`` also ``group_floor_us`` and ``group_step``
     (each kernel's own terms); a MoE family with a grouped kernel (``moe_kernel``,
     :data:`MOE_KERNEL_CHOICES`); with ``l2``, the speed of a working set held in a warm L2
-    (``OperatorFit.l2_speedup``, on the shapes :func:`warm_share` marks)."""
+    (``OperatorFit.l2_speedup``, on the shapes :func:`warm_share` marks); a MoE family with
+    ``remote``, the bytes of the token slots routed to other ranks
+    (``OperatorFit.remote_slots``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -259,7 +270,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     has_hd, has_reread = samples.head_dim is not None, samples.kv_bytes is not None
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
-                    dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread)
+                    dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
+                    remote=remote)
     warm = warm_share(samples, device, idx) if l2 else 0.0
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
     share = causal_shares(samples, start, device, idx)
@@ -270,7 +282,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
-                        l2)
+                        l2, remote)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -308,12 +320,12 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
-                            softmax, has_hd, has_reread, per_unit, l2))
+                            softmax, has_hd, has_reread, per_unit, l2, remote))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
-               causal: bool = True) -> tuple[Samples, OperatorFit]:
+               causal: bool = True, remote: bool = True) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -325,7 +337,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     tile choice refitted with the best limit; ``moe_kernels`` the grouped MoE kernels
     (:data:`MOE_KERNEL_CHOICES`), each with its own tiles (:data:`MOE_KERNEL_TILES`), which
     compete like a dispatch table; with ``causal``, prefill attention is also fitted with
-    the causal tail and re-read share, and with the softmax floor (:data:`CAUSAL_ENGINES`).
+    the causal tail and re-read share, and with the softmax floor (:data:`CAUSAL_ENGINES`);
+    with ``remote``, a MoE family with and without the other ranks' token slots
+    (``OperatorFit.remote_slots``, :data:`REMOTE_SLOT_ENGINES`; a grouped kernel of
+    :data:`MOE_KERNEL_CHOICES` without: it gathers its own tokens).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -351,11 +366,13 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             best = (score, samples, fitted)
 
     packs = (False, True) if family.prefill else (False,)
-    for (samples, unit), l2 in itertools.product(variants, l2s):
+    # MoE: with and without the other ranks' token slots (OperatorFit.remote_slots).
+    remotes = (False, True) if remote and family.remote is not None else (False,)
+    for (samples, unit), l2, remote in itertools.product(variants, l2s, remotes):
         for tile_m, tile_n, split_k in tiles:
             for pack in packs if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack,
-                                            l2=l2))
+                                            l2=l2, remote=remote))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
                 consider(samples, unit, fit(samples, device, tile_m, causal=True, l2=l2))
                 if family.head_dim is not None:  # the floor scales with the head dimension
@@ -386,7 +403,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     if warm and len(l2s) == 1:
         kept = best[2]
         consider(best[1], kept.row_unit, fit(
-            best[1], device, kept.tile_m, kept.tile_n, kept.split_k, 0, kept.pack_gqa, l2=True))
+            best[1], device, kept.tile_m, kept.tile_n, kept.split_k, 0, kept.pack_gqa, l2=True,
+            remote=kept.remote_slots))
     # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]
@@ -410,7 +428,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 consider(samples, chosen.row_unit, fit(
                     samples, device, chosen.tile_m, chosen.tile_n, chosen.split_k, k0,
                     chosen.pack_gqa, chosen.tile_dispatch, moe_kernel=chosen.moe_kernel,
-                    l2=chosen.l2_speedup != 1.0))
+                    l2=chosen.l2_speedup != 1.0, remote=chosen.remote_slots))
     return best[1], best[2]
 
 
@@ -471,10 +489,12 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         limits = GROUP_LIMIT_CHOICES.get(engine, ()) if family.decode else ()
         moe_kernels = (MOE_KERNEL_CHOICES.get((engine, family.op), ())
                        if device.kernel_tables in HOPPER_TABLES else ())
+        remote = engine in REMOTE_SLOT_ENGINES
         s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
-                               engine in CAUSAL_ENGINES)
+                               engine in CAUSAL_ENGINES, remote)
         if family.op in rank0:  # the timed rank's load: see MOE_ROUTINGS
-            s0, f0 = fit_family(rank0[family.op], device, dispatches, limits, moe_kernels)
+            s0, f0 = fit_family(rank0[family.op], device, dispatches, limits, moe_kernels,
+                                remote=remote)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):
                 s, fitted = s0, f0
         scored[s.op] = s

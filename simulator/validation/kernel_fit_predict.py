@@ -68,8 +68,13 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
                 idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Bytes and per-row work of ``samples[idx]`` under ``fitted``: decode attention outside
     its grouped kernel re-reads KV per query head and has a block per query head
-    (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head)."""
+    (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head); a MoE
+    kernel that writes every routed slot adds the other ranks' slots
+    (:attr:`OperatorFit.remote_slots`)."""
     nbytes, rows = samples.nbytes[idx], samples.rows[idx]
+    if fitted.remote_slots and samples.remote is not None and samples.tiles is not None:
+        return nbytes + fitted.remote_bytes(samples.remote[idx], samples.tiles[2][idx],
+                                            samples.tiles[3][idx]), rows
     if samples.prefill and fitted.kv_reread_share != 1.0 and samples.kv_bytes is not None:
         return nbytes - samples.kv_bytes[idx] * (1.0 - fitted.kv_reread_share), rows
     if not (samples.decode and fitted.group_limit) or samples.group is None:

@@ -37,6 +37,8 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             for one in ("kv_reread_share", "l2_speedup"):  # 1: the term is off
                 if dumped[one] == 1.0:
                     del dumped[one]
+            if not dumped["remote_slots"]:
+                del dumped["remote_slots"]
             if not dumped["group_limit"]:  # one decode kernel: its group constants unused
                 for off in ("group_limit", "group_reread", "group_row_share", "row_overlap",
                             "group_memory", "group_q_rows", "group_floor_us", "group_step"):

@@ -63,6 +63,9 @@ class Samples:
     GEMM: every copy's operands, :data:`GEMM_COPIES`), which a warm L2 holds between the
     collector's back-to-back replays where they fit (``OperatorFit.l2_speedup``;
     :func:`simulator.validation.kernel_fit_predict.warm_share`)."""
+    remote: np.ndarray | None = None
+    """MoE: the routed token slots whose expert is not on the timed rank
+    (``OperatorFit.remote_slots``)."""
 
     @property
     def prefill(self) -> bool:
@@ -239,7 +242,8 @@ def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
     tiles = None if s.tiles is None else tuple(t[mask] for t in s.tiles)
     return Samples(op, s.precision, s.flops[mask], s.nbytes[mask], s.units[mask], s.rows[mask],
                    s.seconds[mask], s.held_out[mask], f"{s.source} ({op})", cut(s.kv_rows),
-                   tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes), cut(s.footprint))
+                   tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes), cut(s.footprint),
+                   cut(s.remote))
 
 
 NON_GATED_LAYOUTS = ((22, 512, None, None), (6, 128, 2688, 1856))
@@ -347,5 +351,6 @@ def moe_samples(folder: Path, routing: str = "expected",
                            nbytes, tokens_here, tokens * h, p["latency"].to_numpy(float) * 1e-3,
                            _held_out(keys), f"{path} ({dtype}, balanced, {routing} load)",
                            tiles=(touched, tokens_here / np.maximum(touched, 1e-9),
-                                  2 * inter / tp, h)))
+                                  2 * inter / tp, h),
+                           remote=np.maximum(tokens * topk - tokens_here, 0.0)))
     return out
