@@ -428,9 +428,10 @@ class OperatorPricing:
         width = m.moe_intermediate_size / par.expert_tp
         flops = 2.0 * tokens_here * expert_params
         nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._hb
-        exchanged = par.dp > 1 and self.ep_group is not None
+        # DP attention with an EP group exchanges tokens (DeepEP): a rank gets its own only.
+        exchange = self.ep_group if par.dp > 1 else None
         fit = self._fits.get("moe")
-        if fit is not None and not exchanged:
+        if fit is not None and exchange is None:
             # Without a token exchange every rank holds every token; a kernel that writes
             # every routed slot (OperatorFit.remote_slots) writes the other ranks' too.
             nbytes += fit.remote_bytes(max(routed - tokens_here, 0.0), 2 * width, h)
@@ -443,10 +444,10 @@ class OperatorPricing:
         router = h * m.num_experts
         self._gemm(acc, tokens, shared + router, m.num_experts, h, count, kernels=1,
                    label="gemm_moe_dense")
-        if exchanged:
+        if exchange is not None:
             kernel = deepep_kernel(self.deepep_mode, extend_tokens(b))
             acc.add_comm(moe_exchange_seconds(
-                kernel, tokens, h, m.num_experts, m.num_experts_per_token, self.ep_group,
+                kernel, tokens, h, m.num_experts, m.num_experts_per_token, exchange,
                 self.moe_imbalance) * count, "moe_alltoall")
             return
         # TP attention: the layer's all-reduce already combines the experts' outputs

@@ -368,11 +368,11 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     packs = (False, True) if family.prefill else (False,)
     # MoE: with and without the other ranks' token slots (OperatorFit.remote_slots).
     remotes = (False, True) if remote and family.remote is not None else (False,)
-    for (samples, unit), l2, remote in itertools.product(variants, l2s, remotes):
+    for (samples, unit), l2, others in itertools.product(variants, l2s, remotes):
         for tile_m, tile_n, split_k in tiles:
             for pack in packs if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack,
-                                            l2=l2, remote=remote))
+                                            l2=l2, remote=others))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
                 consider(samples, unit, fit(samples, device, tile_m, causal=True, l2=l2))
                 if family.head_dim is not None:  # the floor scales with the head dimension
