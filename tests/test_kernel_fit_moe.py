@@ -401,3 +401,33 @@ def test_the_shipped_sglang_flashinfer_trtllm_moe_fits_price_held_out_layouts(
               if s.op == "moe_flashinfer_trtllm"]
     scored = evaluate(fam, dev, dev.operators["sglang"].fits["moe_flashinfer_trtllm"])
     assert scored["median_ape_after"] <= 10.0
+
+
+def test_a_written_profile_keeps_the_other_ranks_slots(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel_fit --write`` keeps ``remote_slots`` where a fit took it and leaves the key
+    out where it did not; the profile loads back with the same fits."""
+    import shutil
+
+    import yaml
+
+    import simulator.validation.kernel_fit_profile as writer
+    from simulator.hardware import registry
+
+    shutil.copytree(registry.profiles_dir() / "devices", tmp_path / "devices")
+    monkeypatch.setattr(registry, "profiles_dir", lambda: tmp_path)
+    monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
+    base = OperatorFit(compute=0.5, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=4.0,
+                       tile_m=64, tile_n=64)
+    fits = {"moe": base.model_copy(update={"remote_slots": True}), "moe_fp8": base}
+    load_device.cache_clear()
+    try:
+        path = writer.write_profile(load_device("H100-SXM"), fits, [], "sglang", "test source")
+        written = yaml.safe_load(path.read_text())["operators"]["sglang"]["fits"]
+        assert written["moe"]["remote_slots"] is True
+        assert "remote_slots" not in written["moe_fp8"]
+        loaded = load_device("H100-SXM").operator_fits("sglang")
+        assert loaded["moe"] == fits["moe"].model_copy(update={"rows": loaded["moe"].rows})
+        assert loaded["moe_fp8"].remote_slots is False
+    finally:
+        load_device.cache_clear()
