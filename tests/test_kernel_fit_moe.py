@@ -301,8 +301,8 @@ def test_a_fitted_moe_layer_pays_its_floor_once() -> None:
 def test_without_a_token_exchange_the_fused_moe_writes_the_other_ranks_slots() -> None:
     """TP attention with EP 8 (every rank holds every token): a fit with ``remote_slots``
     adds, per MoE layer, the zeros its kernel writes for the 7/8 of the routed slots whose
-    expert is on another rank, (gate+up + hidden) 16-bit elements each; without EP there
-    is no other rank and nothing is added."""
+    expert is on another rank, (gate+up + hidden) elements each at the fit's per-row rate;
+    without EP there is no other rank and nothing is added."""
     from simulator.cost import InstanceCostModel
     from simulator.cost.accounting import LinkSet
     from simulator.cost.batch import BatchShape
@@ -312,8 +312,8 @@ def test_without_a_token_exchange_the_fused_moe_writes_the_other_ranks_slots() -
     from simulator.models import get_model
 
     model = get_model("Mixtral-8x7B")
-    # Memory-bound at this batch: the added bytes show up whole.
-    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0)
+    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0,
+                      per_row_ps=20.0)
     nvl = load_link(H100.scale_up_link)
 
     def moe(par: Parallelism, remote: bool) -> float:
@@ -327,19 +327,21 @@ def test_without_a_token_exchange_the_fused_moe_writes_the_other_ranks_slots() -
     assert moe(alone, True) == moe(alone, False)
     ep8 = Parallelism(tp=8, ep=8)
     slots = 64 * model.num_experts_per_token * (1 - 1 / 8)
-    written = slots * (2 * model.moe_intermediate_size + model.hidden_size) * 2
+    written = slots * (2 * model.moe_intermediate_size + model.hidden_size)
     added = moe(ep8, True) - moe(ep8, False)
-    assert added == pytest.approx(
-        model.num_layers * written / (H100.memory_bandwidth * fit.memory), rel=1e-9)
+    assert added == pytest.approx(model.num_layers * written * fit.per_row_ps * 1e-12,
+                                  rel=1e-9)
 
 
 def test_kernel_fit_finds_the_writes_of_the_other_ranks_slots(tmp_path: Path) -> None:
-    """Timings made with the other ranks' slots written (a roofline with a floor, the
-    bytes of :meth:`OperatorFit.remote_bytes` added) are fitted with ``remote_slots`` and
-    reproduced; the same timings without them are fitted without it."""
+    """Timings made with the other ranks' slots written (a roofline with a floor and
+    per-row work, the elements of :meth:`OperatorFit.remote_rows` added to it) are fitted
+    with ``remote_slots`` and reproduced; the same timings without them are fitted without
+    it."""
     from simulator.validation.kernel_fit import fit_family, training_ape
 
-    made = OperatorFit(compute=0.6, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=8.0)
+    made = OperatorFit(compute=0.6, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=8.0,
+                       per_row_ps=15.0)
     for remote in (True, False):
         truth = made.model_copy(update={"remote_slots": remote})
         rows = []
@@ -350,10 +352,11 @@ def test_kernel_fit_finds_the_writes_of_the_other_ranks_slots(tmp_path: Path) ->
                 for ep in (1, 8, 64):
                     slots = tokens * topk / ep
                     touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
-                    nbytes = (touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
-                              + truth.remote_bytes(tokens * topk - slots, 2 * inter, h))
+                    nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
+                    per_row = tokens * h + truth.remote_rows(tokens * topk - slots, 2 * inter, h)
                     ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
-                                             2 * slots * 3 * h * inter, nbytes)) * 1e3
+                                             2 * slots * 3 * h * inter, nbytes, slots,
+                                             per_row)) * 1e3
                     rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
                                  ep, "balanced", ms))
         _table(rows).to_parquet(tmp_path / "moe_perf.parquet")

@@ -431,14 +431,14 @@ class OperatorPricing:
         # DP attention with an EP group exchanges tokens (DeepEP): a rank gets its own only.
         exchange = self.ep_group if par.dp > 1 else None
         fit = self._fits.get("moe")
+        rows = tokens * h
         if fit is not None and exchange is None:
             # Without a token exchange every rank holds every token; a kernel that writes
             # every routed slot (OperatorFit.remote_slots) writes the other ranks' too.
-            nbytes += fit.remote_bytes(max(routed - tokens_here, 0.0), 2 * width, h)
+            rows += fit.remote_rows(max(routed - tokens_here, 0.0), 2 * width, h)
         # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
         quant = self._quant("moe", (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
-        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, tokens * h,
-                 float(quant))
+        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, rows, float(quant))
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts

@@ -65,9 +65,6 @@ def moe_kernel_family(engine: str | None, architecture: str, precision: str) -> 
 
 HEAD_DIM_REF = 128
 """Head dimension at which :attr:`OperatorFit.head_dim_exp` scales nothing."""
-REMOTE_SLOT_BYTES = 2.0
-"""Bytes per element of the fused-MoE intermediate rows (:attr:`OperatorFit.remote_slots`):
-the model's 16-bit dtype; an FP8 expert GEMM writes 16-bit outputs too."""
 
 
 class OperatorFit(Frozen):
@@ -232,10 +229,12 @@ class OperatorFit(Frozen):
         "SGLang gives each slot routed to an expert of another rank a block that writes "
         "zeros to both GEMM outputs (vllm/model_executor/layers/fused_moe/fused_moe.py and "
         "sglang python/sglang/srt/layers/moe/fused_moe_triton/, `write_zeros_to_output` "
-        "for expert id -1): (gate+up columns + hidden) 16-bit elements per such slot "
-        "(:meth:`remote_bytes`). In SGLang 0.5.14's H100 tables one expert of 256 per rank "
-        "(EP 256, 8 experts per token, hidden 3072) takes 1.02 ms at 16,384 tokens, where "
-        "its own 512 token slots are a GEMM of microseconds."))
+        "for expert id -1): (gate+up columns + hidden) elements per such slot, counted as "
+        "per-row work at `per_row_ps` (:meth:`remote_rows`): a block that only writes zeros "
+        "runs at the rate blocks are scheduled, not at HBM bandwidth. In SGLang 0.5.14's "
+        "H100 tables one expert of 256 per rank (EP 256, 8 experts per token, hidden 3072) "
+        "takes 1.02 ms at 16,384 tokens, where its own 512 token slots are a GEMM of "
+        "microseconds."))
     l2_speedup: float = Field(1.0, ge=1, le=20, description=(
         "How many times faster than its memory term an operator runs whose working set "
         "stays in the L2 cache between back-to-back calls (1: no such term). A condition of "
@@ -326,13 +325,13 @@ class OperatorFit(Frozen):
         memory = (nbytes * under + self.half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
         return compute, memory
 
-    def remote_bytes(self, slots: Any, gate_up: Any, hidden: Any) -> Any:
-        """Bytes written for ``slots`` routed token slots whose expert is on another rank,
-        with ``gate_up`` columns in the first GEMM's output and ``hidden`` in the second's
-        (:attr:`remote_slots`; 0 without the term)."""
+    def remote_rows(self, slots: Any, gate_up: Any, hidden: Any) -> Any:
+        """Per-row elements (priced at ``per_row_ps``) of ``slots`` routed token slots whose
+        expert is on another rank, with ``gate_up`` columns in the first GEMM's output and
+        ``hidden`` in the second's (:attr:`remote_slots`; 0 without the term)."""
         if not self.remote_slots:
             return 0.0
-        return slots * (gate_up + hidden) * REMOTE_SLOT_BYTES
+        return slots * (gate_up + hidden)
 
     def fixed(self, rows: Any = 0.0, busy: Any = 0.0, units: Any = 0.0) -> Any:
         """Seconds added to the larger of compute and memory (``busy``): the floor and the

@@ -73,8 +73,8 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
     (:attr:`OperatorFit.remote_slots`)."""
     nbytes, rows = samples.nbytes[idx], samples.rows[idx]
     if fitted.remote_slots and samples.remote is not None and samples.tiles is not None:
-        return nbytes + fitted.remote_bytes(samples.remote[idx], samples.tiles[2][idx],
-                                            samples.tiles[3][idx]), rows
+        return nbytes, rows + fitted.remote_rows(samples.remote[idx], samples.tiles[2][idx],
+                                                 samples.tiles[3][idx])
     if samples.prefill and fitted.kv_reread_share != 1.0 and samples.kv_bytes is not None:
         return nbytes - samples.kv_bytes[idx] * (1.0 - fitted.kv_reread_share), rows
     if not (samples.decode and fitted.group_limit) or samples.group is None:
