@@ -260,7 +260,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     (each kernel's own terms); a MoE family with a grouped kernel (``moe_kernel``,
     :data:`MOE_KERNEL_CHOICES`); with ``l2``, the speed of a working set held in a warm L2
     (``OperatorFit.l2_speedup``, on the shapes :func:`warm_share` marks); a MoE family with
-    ``remote``, the bytes of the token slots routed to other ranks
+    ``remote``, the per-row work of the token slots routed to other ranks
     (``OperatorFit.remote_slots``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
