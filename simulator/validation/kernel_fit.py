@@ -135,13 +135,25 @@ and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softm
 on their training shapes only: all three (on Blackwell each runs the persistent
 TensorRT-LLM-gen prefill kernel, vLLM and SGLang through FlashInfer; elsewhere the training
 shapes decide whether the terms help; docs/VALIDATION.md)."""
-GROUP_LIMIT_CHOICES: dict[str, tuple[int, ...]] = {"trtllm": (8, 16, 32, 64)}
+PACKS_EVERY_GROUP = 128
+"""The group limit of a decode kernel that runs the query heads of one KV head as the rows of
+one block at any group size, and plain multi-head attention (one query head per KV head) a
+block per head. The default decode kernels of the vLLM and SGLang tables all do:
+FlashAttention-2 (A100, L40S; Dao-AILab/flash-attention ``csrc/flash_attn/flash_api.cpp``:
+``seqlenq_ngroups_swapped`` when one query token meets more query heads than KV heads, the
+query reshaped to ``(batch, ngroups, num_heads_k, head_size)``), FlashAttention-3 (H100,
+H200; ``hopper/flash_api.cpp``, ``pack_gqa``), and FlashInfer's decode and its TensorRT-LLM-gen
+kernels (L40S, B200, GB200), which take the GQA group as one block's rows. 128 query heads
+per KV head (the most of any catalog layout on one device) stand for "no limit"."""
+GROUP_LIMIT_CHOICES: dict[str, tuple[int, ...]] = {
+    "trtllm": (8, 16, 32, 64), "vllm": (PACKS_EVERY_GROUP,), "sglang": (PACKS_EVERY_GROUP,)}
 """Group limits (``OperatorFit.group_limit``) an engine's decode-attention fit may choose,
 on its training shapes only, against none: TensorRT-LLM's XQA kernels take up to 32 query
 heads per KV head and the engine runs masked multi-head attention above
 (cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderXQAImplJIT/kernelUtils.cpp,
 ``supportConfigHMMA`` / ``supportConfigQGMMA``: ``head_grp_size * beam_width > 32`` is not
-supported)."""
+supported). vLLM's and SGLang's decode kernels fold every group into one block per
+(sequence, KV head) (:data:`PACKS_EVERY_GROUP`)."""
 _GROUP_START = [-1.0, -1.0, 0.0, math.log(0.375 / 1.125), -2.0]
 """Starts of the group terms (logits): ``group_reread`` and ``group_row_share`` 0.27,
 ``row_overlap`` 0.5, ``group_memory`` 0.875, ``group_q_rows`` 0.12."""
