@@ -27,7 +27,12 @@ from tests.conftest import REPO
 # and the signal even on a loaded machine (with 6 runs of 2,500 requests, about 0.4 s each,
 # the last four could end before the signal arrived, and the sweep exited 0).
 RUNS = 12
-CODE = "import sys; from simulator.cli import main; main(sys.argv[1:])"
+# Ctrl-C raises KeyboardInterrupt in the child, as in a command a shell runs in the
+# foreground. A child inherits an ignored SIGINT (as a shell's background jobs do) and Python
+# then leaves it ignored: started from a test process in which something had set SIGINT to be
+# ignored, the sweep ran to the end and exited 0 under the signal.
+CODE = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from simulator.cli import main; main(sys.argv[1:])")
 
 
 def sweep_file(tmp_path: Path, requests: int = 5000) -> Path:
