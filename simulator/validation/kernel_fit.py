@@ -144,7 +144,8 @@ FlashAttention-2 (A100, L40S; Dao-AILab/flash-attention ``csrc/flash_attn/flash_
 query reshaped to ``(batch, ngroups, num_heads_k, head_size)``), FlashAttention-3 (H100,
 H200; ``hopper/flash_api.cpp``, ``pack_gqa``), and FlashInfer's decode and its TensorRT-LLM-gen
 kernels (L40S, B200, GB200), which take the GQA group as one block's rows. 128 query heads
-per KV head (the most of any catalog layout on one device) stand for "no limit"."""
+per KV head stand for "no limit": the kernel tables time at most 64, the catalog's layouts
+have at most 16."""
 GROUP_LIMIT_CHOICES: dict[str, tuple[int, ...]] = {
     "trtllm": (8, 16, 32, 64), "vllm": (PACKS_EVERY_GROUP,), "sglang": (PACKS_EVERY_GROUP,)}
 """Group limits (``OperatorFit.group_limit``) an engine's decode-attention fit may choose,
