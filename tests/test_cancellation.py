@@ -17,7 +17,7 @@ from simulator.runner.run import Simulation, run
 from simulator.scenario.schema import Scenario
 from tests.conftest import make_scenario
 from tests.test_fast_forward import assert_identical
-from tests.test_invariants import check_invariants
+from tests.test_invariants import run_checked
 
 run_module = importlib.import_module("simulator.runner.run")  # the module, not run()
 
@@ -108,10 +108,9 @@ def test_cancelled_requests_leave_no_kv_and_fast_forward_agrees(
     captured = Captured(monkeypatch)
     sc = scenario(tenants(timeout, retries), layout, policy, seed, dispatch=dispatch)
     sim = Simulation(sc.with_(**{"simulation.fast_forward": True}))
-    fast = sim.run()
+    fast = run_checked(sim)
     slow = run(sc.with_(**{"simulation.fast_forward": False}))
     assert_identical(fast, slow)
-    check_invariants(sim, fast)
     for cluster in captured.clusters:
         assert_nothing_left(cluster)
     df = fast.requests
