@@ -198,10 +198,11 @@ def test_instances_priced_alike_share_one_table() -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 2**40), min_size=1, max_size=64))
 def test_a_decode_only_shape_is_the_shape_build_gives(contexts: list[int]) -> None:
-    """The serving loop prices a decode-only step by ``BatchShape.decode`` of its batch size
-    and context sum: the same shape, field for field and type for type, as ``build``."""
+    """The serving loop prices a decode-only step by ``BatchShape.decode`` of its batch size,
+    context sum and longest context: the same shape, field for field and type for type, as
+    ``build``."""
     built = BatchShape.build((), iter(contexts))
-    direct = BatchShape.decode(len(contexts), sum(contexts))
+    direct = BatchShape.decode(len(contexts), sum(contexts), max(contexts))
     assert direct == built
     assert hash(direct) == hash(built)
     for name in BatchShape.__dataclass_fields__:

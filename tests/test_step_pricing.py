@@ -39,6 +39,7 @@ from simulator.cost.roofline import (
     quantisation,
     scalar_quantisation,
     wave_factor,
+    whole_context_quantisation,
 )
 from simulator.engine.step_prices import BLOCK, WINDOW
 from simulator.hardware.engines import engine_names, load_engine
@@ -93,24 +94,35 @@ class Reference(InstanceCostModel):
         heads = self.model.num_attention_heads / self.parallelism.tp
         return fit.decode_group(heads / self.kv_heads_per_device)
 
-    def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
+    def _decode_units(self, seqs: Any, ctx: Any, longest: Any = None) -> tuple[Any, Any]:
         # Absorbed MLA attends over one latent head.
         heads = 1.0 if self.model.attention == "mla" else self.kv_heads_per_device
         kvh = heads * self._decode_group()[0]
         fit = self._fits.get("attention_decode")
         split = fit.tile_m if fit is not None and fit.tile_m else DECODE_SPLIT_TOKENS
+        if fit is not None and fit.head_tile and self.model.attention == "mla":
+            # The heads as padded row tiles; the kernel takes at least its longest block.
+            blocks = fit.head_blocks(self.model.num_attention_heads / self.parallelism.tp)[0]
+            most = (np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0)
+                    if longest is None else longest)
+            return (_array_decode_units(seqs, ctx, blocks, split),
+                    whole_context_quantisation(blocks, ctx, most,
+                                               fit.resident_blocks or self._sms))
         return (_array_decode_units(seqs, ctx, kvh, split),
                 self._quant("attention_decode", (seqs, ctx, kvh)))
 
-    def _decode_attention_op(self, seqs: int, ctx: Any) -> tuple[Any, Any, Any, Any]:
-        flops, nbytes = self._decode_attention_work(seqs, ctx)
-        units, quant = self._decode_units(seqs, ctx)
+    def _decode_attention_op(self, seqs: int, ctx: Any,
+                             given: int = 0) -> tuple[Any, Any, Any, Any]:
         fit = self._fits.get("attention_decode")
+        whole = fit is not None and fit.head_tile > 0 and self.model.attention == "mla"
+        flops, nbytes = self._decode_attention_work(seqs, ctx)
+        units, quant = self._decode_units(seqs, ctx, float(given) if given and whole else None)
         if fit is None or seqs <= 1:
             return flops, nbytes, units, quant
-        longest = np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0)
+        longest = (np.asarray(float(given)) if given and whole
+                   else np.maximum(np.asarray(ctx, dtype=float) - (seqs - 1), 1.0))
         flops1, nbytes1 = self._decode_attention_work(1, longest)
-        units1, quant1 = self._decode_units(1, longest)
+        units1, quant1 = self._decode_units(1, longest, longest)
         batch = np.maximum(*fit.parts(self._peak16, self._bw, flops, nbytes, units, quant))
         alone = np.maximum(*fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1))
         slower = alone > batch
@@ -205,13 +217,19 @@ class Reference(InstanceCostModel):
                   > max(fit.parts(self._peak16, self._bw, *batch)))
         return alone if slower else batch
 
-    def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
+    def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float,
+                               rows: float | None = None) -> tuple[Any, Any]:
+        """FLOPs and bytes; an MLA kernel with head tiles computes ``rows`` query rows per
+        sequence padded to whole tiles (default: the heads of one decode token)."""
         m, t = self.model, self.parallelism.tp
         heads = m.num_attention_heads / t
         kv_elems = self.kv_elements_per_token_per_layer_device() * self._decode_group()[1]
         io_width = (m.q_width + m.attn_out_width) / t
         if m.attention == "mla":
             per_ctx = 2 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+            fit = self._fits.get("attention_decode")
+            if fit is not None and fit.head_tile:
+                per_ctx = per_ctx * fit.head_blocks(heads if rows is None else rows)[1]
         else:
             per_ctx = 4 * heads * m.head_dim
         return per_ctx * ctx, ctx * kv_elems * self._kvb + seqs * io_width * self._hb
@@ -222,11 +240,19 @@ class Reference(InstanceCostModel):
         if (b.prefill_tokens and self.model.attention == "mla"
                 and 0 < b.prefill_max_tokens <= 16 and b.prefill_kv_tokens > b.prefill_tokens):
             # MLA verify chunks on the decode kernel: each (query, key) pair at the absorbed cost.
-            per_pair, _ = self._decode_attention_work(0, 1.0)
+            rows_per_seq = heads * b.prefill_tokens / b.prefill_seqs
+            per_pair, _ = self._decode_attention_work(0, 1.0, rows_per_seq)
             _, kv_bytes = self._decode_attention_work(0, float(b.prefill_kv_tokens))
             io = b.prefill_tokens * (self.model.q_width + self.model.attn_out_width) / \
                 self.parallelism.tp * self._hb
             units, quant = self._decode_units(b.prefill_seqs, b.prefill_kv_tokens)
+            if fit is not None and fit.head_tile:  # the chunk's rows as padded head tiles
+                blocks = fit.head_blocks(rows_per_seq)[0]
+                kv = b.prefill_kv_tokens
+                units = _array_decode_units(b.prefill_seqs, kv, blocks, fit.tile_m)
+                quant = whole_context_quantisation(
+                    blocks, kv, b.prefill_max_kv or max(kv - (b.prefill_seqs - 1), 1),
+                    fit.resident_blocks or self._sms)
             q = (b.prefill_tokens / b.prefill_seqs
                  if fit is not None and fit.row_unit == "query_head" else 1.0)
             rows = b.prefill_seqs * q * (self._decode_row_heads(fit) if fit else heads)
@@ -237,8 +263,8 @@ class Reference(InstanceCostModel):
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
                      float(units), b.prefill_tokens * heads, float(quant))
         if b.decode_seqs and decode:
-            flops, nbytes, units, quant = self._decode_attention_op(b.decode_seqs,
-                                                                    b.decode_ctx_tokens)
+            flops, nbytes, units, quant = self._decode_attention_op(
+                b.decode_seqs, b.decode_ctx_tokens, b.decode_max_ctx)
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
                      float(units), b.decode_seqs * (self._decode_row_heads(fit)
                                                     * self._decode_group()[2] if fit else heads),

@@ -30,6 +30,13 @@ class BatchShape:
     prefill_max_tokens: int = 0
     """New tokens of the longest prefill chunk (0: not given; the cost model then bounds it
     from the sums)."""
+    decode_max_ctx: int = 0
+    """Context of the longest decode sequence (0: not given; the cost model then bounds it
+    from the sums). Read only where a kernel's time follows its longest sequence
+    (``OperatorFit.head_tile``)."""
+    prefill_max_kv: int = 0
+    """KV tokens (context + new) of the prefill chunk on the longest context (0: not
+    given), for the same kernels."""
 
     @property
     def tokens(self) -> int:
@@ -46,7 +53,7 @@ class BatchShape:
         decode_contexts: Iterable[int] = (),
     ) -> BatchShape:
         """From ``(new, ctx, samples)`` prefill chunks and decode context lengths."""
-        p_tokens = p_seqs = p_kv = logits = p_max = 0
+        p_tokens = p_seqs = p_kv = logits = p_max = p_max_kv = 0
         pairs = 0.0
         for new, ctx, samples in prefill_chunks:
             if new <= 0:
@@ -56,16 +63,22 @@ class BatchShape:
             pairs += new * (ctx + (new + 1) / 2)
             p_kv += ctx + new
             p_max = max(p_max, new)
+            p_max_kv = max(p_max_kv, ctx + new)
             logits += 1 if samples else 0
-        d_seqs = d_ctx = 0
+        d_seqs = d_ctx = d_max = 0
         for ctx in decode_contexts:
             d_seqs += 1
             d_ctx += ctx
-        return cls(p_tokens, p_seqs, pairs, p_kv, d_seqs, d_ctx, logits + d_seqs, p_max)
+            d_max = max(d_max, ctx)
+        return cls(p_tokens, p_seqs, pairs, p_kv, d_seqs, d_ctx, logits + d_seqs, p_max,
+                   d_max, p_max_kv)
 
     @classmethod
-    def decode(cls, seqs: int, ctx_tokens: int) -> BatchShape:
-        return cls(decode_seqs=seqs, decode_ctx_tokens=ctx_tokens, logits_seqs=seqs)
+    def decode(cls, seqs: int, ctx_tokens: int, longest: int = 0) -> BatchShape:
+        """``seqs`` decode sequences of ``ctx_tokens`` context in all, the longest of
+        ``longest`` (0: not given)."""
+        return cls(decode_seqs=seqs, decode_ctx_tokens=ctx_tokens, logits_seqs=seqs,
+                   decode_max_ctx=longest)
 
     @classmethod
     def prefill(cls, prompt_tokens: int, cached: int = 0, samples: bool = True) -> BatchShape:

@@ -61,6 +61,9 @@ def rank_batch(batch: BatchShape, dp: int) -> BatchShape:
         decode_ctx_tokens=round(batch.decode_ctx_tokens * d_frac),
         logits_seqs=d_seqs + _share(prefill_logits, dp),
         prefill_max_tokens=min(batch.prefill_max_tokens, p_tokens),
+        decode_max_ctx=min(batch.decode_max_ctx, round(batch.decode_ctx_tokens * d_frac)),
+        prefill_max_kv=min(batch.prefill_max_kv,
+                           round(batch.prefill_kv_tokens * max(p_frac, t_frac))),
     )
 
 
@@ -77,6 +80,8 @@ def split_in_two(batch: BatchShape) -> BatchShape | None:
         decode_ctx_tokens=_share(batch.decode_ctx_tokens, 2),
         logits_seqs=_share(batch.logits_seqs, 2),
         prefill_max_tokens=min(batch.prefill_max_tokens, _share(batch.prefill_tokens, 2)),
+        decode_max_ctx=min(batch.decode_max_ctx, _share(batch.decode_ctx_tokens, 2)),
+        prefill_max_kv=min(batch.prefill_max_kv, _share(batch.prefill_kv_tokens, 2)),
     )
     return half if not half.is_empty else None
 
@@ -110,9 +115,12 @@ def extend_tokens(b: BatchShape) -> int:
     return max(b.prefill_tokens - (b.logits_seqs - b.decode_seqs), 0)
 
 
-def series_by_steps(cost: InstanceCostModel, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
+def series_by_steps(cost: InstanceCostModel, seqs: int, ctx_sums: np.ndarray,
+                    longest: np.ndarray | None = None) -> DecodeSeries:
     ctx = np.asarray(ctx_sums)
-    out = [cost.step(BatchShape.decode(seqs, int(total))) for total in ctx]
+    most = np.zeros(len(ctx), dtype=np.int64) if longest is None else longest
+    out = [cost.step(BatchShape.decode(seqs, int(total), int(m)))
+           for total, m in zip(ctx, most, strict=True)]
     bounds = ("compute", "memory", "communication", "overhead")
     return DecodeSeries(np.array([c.seconds for c in out]),
                         np.array([bounds.index(c.bound) for c in out], dtype=np.int64),

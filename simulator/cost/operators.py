@@ -29,6 +29,7 @@ from simulator.cost.roofline import (
     prefill_tiles,
     quantisation,
     scalar_quantisation,
+    whole_context_quantisation,
 )
 from simulator.hardware.operator_fits import OperatorFit
 from simulator.hardware.profiles import DeviceProfile
@@ -101,9 +102,12 @@ class OperatorPricing:
     _q_heads: float
     _attn_io: float
     _decode_per_ctx: float
+    _decode_step_per_ctx: float
     _prefill_per_pair: float
     _decode_split: int
     _decode_kvh: float
+    _whole_context: bool
+    _decode_resident: float | None
     _decode_kv_elems: float
     _decode_rows: float
     _prefill_scale: float | None
@@ -156,33 +160,44 @@ class OperatorPricing:
             return 1.0 if self.model.attention == "mla" else float(self.kv_heads_per_device)
         return self.model.num_attention_heads / self.parallelism.tp
 
-    def _decode_units(self, seqs: Any, ctx: Any) -> tuple[Any, Any]:
+    def _decode_units(self, seqs: Any, ctx: Any, longest: float = 0.0) -> tuple[Any, Any]:
         """Parallel units and tile/wave FLOPs multiplier of decode attention: a tiled fit's
         ``tile_m`` is its split-KV partition, else ``DECODE_SPLIT_TOKENS``. A kernel with a
-        block per query head (``OperatorFit.group_limit``) counts query heads."""
+        block per query head (``OperatorFit.group_limit``) counts query heads. A kernel
+        that does not split the context (``OperatorFit.head_tile``) takes at least its
+        longest sequence on one block: ``longest``, the longest context (0: not given,
+        bounded by all but one token per other sequence)."""
         kvh = self._decode_kvh
+        if self._whole_context:
+            most = longest if longest else max(float(ctx) - (seqs - 1), 1.0)
+            return (decode_units(seqs, ctx, kvh, self._decode_split),
+                    whole_context_quantisation(kvh, ctx, most, self._decode_resident))
         return (decode_units(seqs, ctx, kvh, self._decode_split),
                 self._quant("attention_decode", (seqs, ctx, kvh)))
 
-    def _decode_attention_op(self, seqs: int, ctx: float) -> tuple[float, float, float, float]:
+    def _decode_attention_op(self, seqs: int, ctx: float,
+                             longest: int = 0) -> tuple[float, float, float, float]:
         """FLOPs, bytes, parallel units and FLOPs multiplier decode attention is priced with.
 
-        The batch shape keeps only the context sum, so a batch is priced as ``seqs`` equal
-        sequences. Under a fitted curve, whose fill term favours many units, that can be
-        cheaper than one of its sequences alone (a long one next to a short one): the batch
-        is then priced as its longest possible sequence (all but one token per other
-        sequence), so adding a sequence never makes a step faster.
+        The batch is priced as ``seqs`` equal sequences of its context sum. Under a fitted
+        curve, whose fill term favours many units, that can be cheaper than one of its
+        sequences alone (a long one next to a short one): the batch is then priced as its
+        longest possible sequence (all but one token per other sequence), so adding a
+        sequence never makes a step faster. A kernel that does not split the context
+        (``OperatorFit.head_tile``) is priced on the batch's longest context where the
+        shape gives it (``longest``; :meth:`_decode_units`), and so is that sequence alone.
         """
         flops, nbytes = self._decode_attention_work(seqs, ctx)
-        units, quant = self._decode_units(seqs, ctx)
+        units, quant = self._decode_units(seqs, ctx, longest)
         fit = self._fits.get("attention_decode")
         if fit is None or seqs <= 1:
             return flops, nbytes, units, quant
         # One step's floats; a decode series makes the same choice per element in
         # InstanceCostModel._decode_series_parts.
-        longest = max(float(ctx) - (seqs - 1), 1.0)
-        flops1, nbytes1 = self._decode_attention_work(1, longest)
-        units1, quant1 = self._decode_units(1, longest)
+        single = (float(longest) if longest and self._whole_context
+                  else max(float(ctx) - (seqs - 1), 1.0))
+        flops1, nbytes1 = self._decode_attention_work(1, single)
+        units1, quant1 = self._decode_units(1, single, single)
         batch = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
         alone = fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1)
         return ((flops1, nbytes1, units1, quant1) if max(alone) > max(batch)
@@ -266,7 +281,7 @@ class OperatorPricing:
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         """FLOPs and bytes of one layer's decode attention on one device (the KV bytes of
         the engine's kernel for this head layout: ``OperatorFit.decode_group``)."""
-        flops = self._decode_per_ctx * ctx
+        flops = self._decode_step_per_ctx * ctx
         nbytes = ctx * self._decode_kv_elems * self._kvb + seqs * self._attn_io * self._hb
         return flops, nbytes
 
@@ -394,8 +409,18 @@ class OperatorPricing:
         flops = self._decode_per_ctx * b.prefill_attn_pairs
         nbytes = (b.prefill_kv_tokens * self._decode_kv_elems * self._kvb
                   + tokens * self._attn_io * self._hb)
-        units, quant = self._decode_units(seqs, b.prefill_kv_tokens)
         fit = self._fits.get("attention_decode")
+        if fit is not None and fit.head_tile:
+            # Each sequence's query tokens x heads are the padded query rows of its blocks.
+            blocks, pad = fit.head_blocks(self._q_heads * tokens / seqs)
+            flops = flops * pad
+            kv = b.prefill_kv_tokens
+            units = decode_units(seqs, kv, blocks, self._decode_split)
+            quant = whole_context_quantisation(
+                blocks, kv, b.prefill_max_kv or max(kv - (seqs - 1), 1),
+                fit.resident_blocks or self._sms)
+        else:
+            units, quant = self._decode_units(seqs, b.prefill_kv_tokens)
         per_seq = tokens / seqs if fit is not None and fit.row_unit == "query_head" else 1.0
         return flops, nbytes, float(units), seqs * per_seq * self._decode_rows, float(quant)
 
@@ -408,8 +433,8 @@ class OperatorPricing:
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
                      float(units), b.prefill_tokens * self._q_heads, float(quant))
         if b.decode_seqs and decode:
-            flops, nbytes, units, quant = self._decode_attention_op(b.decode_seqs,
-                                                                    b.decode_ctx_tokens)
+            flops, nbytes, units, quant = self._decode_attention_op(
+                b.decode_seqs, b.decode_ctx_tokens, b.decode_max_ctx)
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
                      float(units), b.decode_seqs * self._decode_rows, float(quant))
 

@@ -38,7 +38,8 @@ class StepTimePredictor(Protocol):
 
     def step(self, batch: BatchShape) -> StepCost: ...
 
-    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries: ...
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray,
+                      longest: np.ndarray | None = None) -> DecodeSeries: ...
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]: ...
 
@@ -177,7 +178,8 @@ class TablePredictor(InstanceCostModel):
         return None
 
     # ----- decode stretches: priced step by step (tables are not affine in context) -----
-    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray,
+                      longest: np.ndarray | None = None) -> DecodeSeries:
         if self.parallelism.pp != 1:
             raise ValueError("decode_series prices single-stage instances only")
         ctx = np.asarray(ctx_sums)
@@ -186,7 +188,8 @@ class TablePredictor(InstanceCostModel):
         compute = np.empty(len(ctx))
         memory = np.empty(len(ctx))
         for j, total in enumerate(ctx):
-            cost = self.step(BatchShape.decode(seqs, int(total)))
+            cost = self.step(BatchShape.decode(seqs, int(total),
+                                               0 if longest is None else int(longest[j])))
             seconds[j] = cost.seconds
             bound[j] = _BOUNDS.index(cost.bound)
             compute[j] = cost.compute_s

@@ -329,6 +329,22 @@ def decode_blocks(seqs: int, ctx: np.ndarray, kv_heads: float, tile_m: int,
     return units, np.ceil(whole / sms) * sms / units
 
 
+def whole_context_quantisation(tiles: Any, ctx_tokens: Any, longest: Any,
+                               resident: float | None) -> Any:
+    """FLOPs multiplier of a decode kernel whose blocks each read one sequence's whole
+    context (:attr:`OperatorFit.head_tile`), ``tiles`` blocks per sequence, ``resident``
+    blocks running at once (:attr:`OperatorFit.resident_blocks`, else the SMs): the kernel
+    takes at least its work spread over the resident blocks and at least its longest
+    block alone, ``max(1, resident x longest / (ctx_tokens x tiles))`` with ``longest``
+    the longest sequence's context and ``ctx_tokens`` the batch's sum (the FLOPs,
+    proportional to ``ctx_tokens x tiles``, times this are the larger of the two). It
+    never decreases as sequences or tokens are added while ``longest`` is the batch's
+    longest context."""
+    if resident is None:
+        raise ValueError("a fit with head_tile needs the device's sm_count")
+    return _max(1.0, resident * longest / (_max(ctx_tokens, 1e-9) * tiles))
+
+
 def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | None,
                         decode: bool = False) -> float:
     """:func:`quantisation` of one operator's floats (a fit with ``tile_m`` and the device's

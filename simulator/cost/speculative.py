@@ -114,15 +114,17 @@ class SpeculativeConfig:
         return self.acceptance.draft_tokens
 
 
-def verify_batch(contexts_sum: int, seqs: int, draft_tokens: int) -> BatchShape:
-    """The target's verify pass: ``k + 1`` sampled positions on each sequence's context."""
+def verify_batch(contexts_sum: int, seqs: int, draft_tokens: int,
+                 longest: int = 0) -> BatchShape:
+    """The target's verify pass: ``k + 1`` sampled positions on each sequence's context
+    (the longest of ``longest`` tokens; 0: not given)."""
     q = draft_tokens + 1
     if seqs <= 0:
         return BatchShape()
     pairs = seqs * q * (contexts_sum / seqs + (q + 1) / 2)
     return BatchShape(prefill_tokens=seqs * q, prefill_seqs=seqs, prefill_attn_pairs=pairs,
                       prefill_kv_tokens=contexts_sum + seqs * q, logits_seqs=seqs * q,
-                      prefill_max_tokens=q)
+                      prefill_max_tokens=q, prefill_max_kv=longest + q if longest else 0)
 
 
 def steps_for(output_tokens: int, mean_tokens_per_step: float) -> int:
@@ -163,7 +165,7 @@ def with_verify(batch: BatchShape, draft_tokens: int) -> BatchShape:
     seqs = batch.decode_seqs
     if seqs == 0:
         return batch
-    v = verify_batch(batch.decode_ctx_tokens, seqs, draft_tokens)
+    v = verify_batch(batch.decode_ctx_tokens, seqs, draft_tokens, batch.decode_max_ctx)
     return BatchShape(
         prefill_tokens=batch.prefill_tokens + v.prefill_tokens,
         prefill_seqs=batch.prefill_seqs + v.prefill_seqs,
@@ -172,6 +174,9 @@ def with_verify(batch: BatchShape, draft_tokens: int) -> BatchShape:
         logits_seqs=batch.logits_seqs - seqs + v.logits_seqs,
         prefill_max_tokens=(max(batch.prefill_max_tokens, v.prefill_max_tokens)
                             if batch.prefill_max_tokens or not batch.prefill_seqs else 0),
+        prefill_max_kv=(max(batch.prefill_max_kv, v.prefill_max_kv)
+                        if v.prefill_max_kv and (batch.prefill_max_kv or not batch.prefill_seqs)
+                        else 0),
     )
 
 
@@ -198,7 +203,8 @@ class SpeculativePredictor:
             return self.inner.step(batch)
         k = self.spec.draft_tokens
         verify = self.inner.step(with_verify(batch, k))
-        plain = self.inner.step(BatchShape.decode(batch.decode_seqs, batch.decode_ctx_tokens))
+        plain = self.inner.step(BatchShape.decode(batch.decode_seqs, batch.decode_ctx_tokens,
+                                                  batch.decode_max_ctx))
         draft = k * sum(plain.stage_seconds) * self.spec.draft_layers / self.num_layers
         extra = draft + self.spec.host_us_per_step * 1e-6
         return StepCost(verify.seconds + extra, tuple(s + extra for s in verify.stage_seconds),
@@ -208,13 +214,17 @@ class SpeculativePredictor:
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
         ops = dict(self.inner.breakdown(with_verify(batch, self.spec.draft_tokens)))
         if batch.decode_seqs:
-            plain = self.inner.step(BatchShape.decode(batch.decode_seqs, batch.decode_ctx_tokens))
+            plain = self.inner.step(BatchShape.decode(batch.decode_seqs, batch.decode_ctx_tokens,
+                                                      batch.decode_max_ctx))
             ops["draft"] = (self.spec.draft_tokens * sum(plain.stage_seconds)
                             * self.spec.draft_layers / self.num_layers)
         return ops
 
-    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
-        out = [self.step(BatchShape.decode(seqs, int(total))) for total in np.asarray(ctx_sums)]
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray,
+                      longest: np.ndarray | None = None) -> DecodeSeries:
+        most = np.zeros(len(ctx_sums), dtype=np.int64) if longest is None else longest
+        out = [self.step(BatchShape.decode(seqs, int(total), int(m)))
+               for total, m in zip(np.asarray(ctx_sums), most, strict=True)]
         bounds = ("compute", "memory", "communication", "overhead")
         return DecodeSeries(np.array([c.seconds for c in out]),
                             np.array([bounds.index(c.bound) for c in out], dtype=np.int64),

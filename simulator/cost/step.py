@@ -21,7 +21,12 @@ from simulator.cost.host import HostModel
 from simulator.cost.moe_comm import DeepEPMode, EPGroup
 from simulator.cost.operators import RESIDUAL_BYTES, OperatorPricing
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
-from simulator.cost.roofline import DECODE_SPLIT_TOKENS, decode_blocks, decode_units
+from simulator.cost.roofline import (
+    DECODE_SPLIT_TOKENS,
+    decode_blocks,
+    decode_units,
+    whole_context_quantisation,
+)
 from simulator.hardware.operator_fits import OperatorFit, moe_kernel_family
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
@@ -140,6 +145,15 @@ class InstanceCostModel(OperatorPricing):
         # Absorbed MLA attends over one latent head shared by all query heads.
         self._decode_kvh = 1.0 if m.attention == "mla" else float(self._kvh)
         self._decode_kv_elems = self._kv_elems
+        self._decode_step_per_ctx = self._decode_per_ctx
+        self._whole_context = bool(decode is not None and decode.head_tile
+                                   and m.attention == "mla")
+        self._decode_resident = self._sms
+        if decode is not None and self._whole_context:
+            self._decode_resident = decode.resident_blocks or self._sms
+            # The heads as padded query-row tiles, a block per tile (OperatorFit.head_tile).
+            self._decode_kvh, pad = decode.head_blocks(self._q_heads)
+            self._decode_step_per_ctx = self._decode_per_ctx * pad
         if decode is not None and decode.group_limit and m.attention != "mla":
             heads, kv, rows = decode.decode_group(self._q_heads / self._kvh)
             self._decode_kvh = self._kvh * heads
@@ -222,18 +236,27 @@ class InstanceCostModel(OperatorPricing):
                                 graphed)
         return ops
 
-    def decode_series(self, seqs: int, ctx_sums: np.ndarray) -> DecodeSeries:
+    @property
+    def decode_needs_longest(self) -> bool:
+        """Whether a decode step's price depends on its longest context, not only on its
+        size and context sum: a decode-attention kernel that does not split the context
+        (``OperatorFit.head_tile``)."""
+        return self._whole_context
+
+    def decode_series(self, seqs: int, ctx_sums: np.ndarray,
+                      longest: np.ndarray | None = None) -> DecodeSeries:
         """Seconds and bound codes of consecutive decode-only steps of ``seqs`` sequences.
 
-        ``ctx_sums[j]`` is the batch's total context at step ``j``. Equals ``step()`` of
-        each ``BatchShape.decode(seqs, ctx_sums[j])`` (to rounding): everything but decode
-        attention is the same in every step and priced once; attention is vectorised.
-        Bound codes index ``("compute", "memory", "communication", "overhead")``.
+        ``ctx_sums[j]`` is the batch's total context at step ``j`` and ``longest[j]`` its
+        longest sequence's (None: not given). Equals ``step()`` of each
+        ``BatchShape.decode(seqs, ctx_sums[j], longest[j])`` (to rounding): everything but
+        decode attention is the same in every step and priced once; attention is
+        vectorised. Bound codes index ``("compute", "memory", "communication", "overhead")``.
         """
         if self.parallelism.pp != 1:
             raise ValueError("decode_series prices single-stage instances only")
         if self.parallelism.dp > 1 or self.two_batch_overlap:  # ranks' shares: step by step
-            return series_by_steps(self, seqs, ctx_sums)
+            return series_by_steps(self, seqs, ctx_sums, longest)
         host = self.host
         assert host is not None
         base = self._decode_base.get(seqs)
@@ -249,7 +272,7 @@ class InstanceCostModel(OperatorPricing):
         fit = self._fits.get("attention_decode")
         launch = self._launch * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
-            compute, memory = self._decode_series_parts(rows, ctx, fit)
+            compute, memory = self._decode_series_parts(rows, ctx, fit, longest)
             fixed = fit.fixed(rows * self._decode_rows, np.maximum(compute, memory))
             on_compute = compute >= memory
             compute = np.where(on_compute, compute + fixed, compute)
@@ -277,8 +300,8 @@ class InstanceCostModel(OperatorPricing):
         bound = np.where(np.maximum(busiest, base.communication_s) < over, 3, bound)
         return DecodeSeries(seconds, bound, comp, mem)
 
-    def _decode_series_parts(self, seqs: int, ctx: np.ndarray,
-                             fit: OperatorFit) -> tuple[np.ndarray, np.ndarray]:
+    def _decode_series_parts(self, seqs: int, ctx: np.ndarray, fit: OperatorFit,
+                             longest: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Compute and memory seconds (before the fixed part) of one layer's decode attention
         over a series of context sums ``ctx`` (floats) under the fitted curve ``fit``:
         :meth:`_decode_attention_op`'s choice between the batch and its longest sequence
@@ -288,13 +311,24 @@ class InstanceCostModel(OperatorPricing):
         ``_decode_units``, bit for bit: tests/test_step_pricing.py)."""
         kvh, tile_m, sms = self._decode_kvh, fit.tile_m, self._sms
         flops, nbytes = self._decode_attention_work(seqs, ctx)
-        units, quant = decode_blocks(seqs, ctx, kvh, tile_m, sms)
+        bound = np.maximum(ctx - (seqs - 1), 1.0)  # the longest a sequence can be
+        most = bound
+        if self._whole_context:  # the same floats as _decode_units, per element
+            most = bound if longest is None else np.where(longest > 0, longest, bound)
+            units = decode_units(seqs, ctx, kvh, self._decode_split)
+            quant = whole_context_quantisation(kvh, ctx, most, self._decode_resident)
+        else:
+            units, quant = decode_blocks(seqs, ctx, kvh, tile_m, sms)
         compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
         if seqs <= 1:
             return compute, memory
-        longest = np.maximum(ctx - (seqs - 1), 1.0)
-        flops1, nbytes1 = self._decode_attention_work(1, longest)
-        units1, quant1 = decode_blocks(1, longest, kvh, tile_m, sms)
+        single = most.astype(float)
+        flops1, nbytes1 = self._decode_attention_work(1, single)
+        if self._whole_context:
+            units1 = decode_units(1, single, kvh, self._decode_split)
+            quant1 = whole_context_quantisation(kvh, single, single, self._decode_resident)
+        else:
+            units1, quant1 = decode_blocks(1, single, kvh, tile_m, sms)
         compute1, memory1 = fit.parts(self._peak16, self._bw, flops1, nbytes1, units1, quant1)
         slower = np.maximum(compute1, memory1) > np.maximum(compute, memory)
         return np.where(slower, compute1, compute), np.where(slower, memory1, memory)
@@ -310,7 +344,7 @@ class InstanceCostModel(OperatorPricing):
         if padded is not None and batch.prefill_tokens == 0 and padded > batch.decode_seqs:
             # A replayed graph runs its captured batch size: the padding rows cost GPU time.
             batch = BatchShape(decode_seqs=padded, decode_ctx_tokens=batch.decode_ctx_tokens,
-                               logits_seqs=padded)
+                               logits_seqs=padded, decode_max_ctx=batch.decode_max_ctx)
         launch_scale = self.graph_launch_factor if padded is not None else 1.0
         host = hm.host_s(seqs, self.model.num_layers, padded is not None)
         stages: list[float] = []

@@ -301,6 +301,6 @@ def plan_jump(decodes: list[Request], kv: BlockManager, prices: StepPrices,
     k = remaining if extra[-1] <= kv.available else bisect_right(extra, kv.available)
     if k < MIN_JUMP:
         return None
-    series = prices.series(n, sum(ctx), k)
+    series = prices.series(n, sum(ctx), k, max(ctx))
     return Jump(decodes, start, series, ctx, held, pinned, extra[:k], kv.used, queue_len,
                 running)

@@ -161,8 +161,8 @@ class ServingProcess:
                     (r.context_tokens for r in batch.decodes),
                 )
             else:  # decode only (a refused jump plan, mostly): the shape build() gives
-                shape = BatchShape.decode(len(batch.decodes), sum(
-                    [r.prompt_tokens + r.generated for r in batch.decodes]))
+                ctx = [r.prompt_tokens + r.generated for r in batch.decodes]
+                shape = BatchShape.decode(len(ctx), sum(ctx), max(ctx))
             if self._accept is not None and batch.decodes:
                 drawn = self._accept.sample(self._accept_rng, len(batch.decodes))
                 batch.tokens = [min(int(n), r.output_tokens - r.generated)

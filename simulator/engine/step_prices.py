@@ -83,7 +83,8 @@ class StepPrices:
     def __init__(self, cost: Any) -> None:
         self.cost = cost
         self.kept = pure(cost)
-        self.tabled = prices_elementwise(cost)
+        # A step priced on its longest context is asked directly (its windows would need it).
+        self.tabled = prices_elementwise(cost) and not cost.decode_needs_longest
         self._steps: OrderedDict[BatchShape, StepCost] = OrderedDict()
         self._blocks: OrderedDict[tuple[int, int], DecodeSeries] = OrderedDict()
 
@@ -124,12 +125,15 @@ class StepPrices:
         return SeriesStep(seconds, (seconds,), float(comp[j]), float(mem[j]),
                           BOUNDS[int(bound[j])])
 
-    def series(self, n: int, s0: int, k: int) -> DecodeSeries:
-        """Prices of ``k`` decode steps of ``n`` sequences from context sum ``s0``."""
+    def series(self, n: int, s0: int, k: int, longest: int = 0) -> DecodeSeries:
+        """Prices of ``k`` decode steps of ``n`` sequences from context sum ``s0``, the
+        longest sequence at ``longest`` tokens (0: not given) and one more each step."""
         last = s0 + n * (k - 1)
         b0 = s0 // BLOCK
         if not self.tabled or last // BLOCK - b0 >= MAX_SPAN:
-            return self.cost.decode_series(n, s0 + n * np.arange(k, dtype=np.int64))
+            steps = np.arange(k, dtype=np.int64)
+            return self.cost.decode_series(n, s0 + n * steps,
+                                           longest + steps if longest else None)
         if last < b0 * BLOCK + WINDOW:  # most stretches: a strided slice of one window
             lo = s0 - b0 * BLOCK
             hi = lo + n * k

@@ -66,6 +66,11 @@ def moe_kernel_family(engine: str | None, architecture: str, precision: str) -> 
 HEAD_DIM_REF = 128
 """Head dimension at which :attr:`OperatorFit.head_dim_exp` scales nothing."""
 
+WHOLE_CONTEXT = 1 << 30
+"""Decode attention's ``tile_m`` (its split-KV partition, context tokens) for a kernel that
+does not split the context: one thread block reads a sequence's whole KV, so a partition
+longer than any context (:attr:`OperatorFit.head_tile`)."""
+
 
 class OperatorFit(Frozen):
     """Roofline of one operator family on one device, fitted on measured kernels.
@@ -247,7 +252,43 @@ class OperatorFit(Frozen):
         "memory: only the fit uses the term (:meth:`parts`, ``warm``), so that the warm "
         "shapes do not pull the memory efficiency of the cold ones. Fitted on devices whose "
         "profile gives `l2_cache_mb`."))
+    head_tile: int = Field(0, ge=0, description=(
+        "MLA decode attention (0: off): the kernel runs the query heads of a sequence as the "
+        "query rows of tiles of `head_tile` rows over the one latent head, padded to whole "
+        "tiles, one thread block per (sequence, tile) reading the whole context (its "
+        "`tile_m` is then WHOLE_CONTEXT: no split-KV). The FLOPs count ceil(heads / "
+        "head_tile) x head_tile rows and the blocks are sequences x ceil(heads / "
+        "head_tile) (:meth:`head_blocks`). TensorRT-LLM runs MLA generation on its "
+        "context FMHA kernel (fmha_v2) where none of its generation kernels applies "
+        "(trtllm-gen on SM100, FlashMLA, XQA's MLA kernels), as on SM80 and SM89, with "
+        "the heads as the query sequence (cpp/tensorrt_llm/common/attentionOp.cpp, "
+        "`mlaGeneration`, the FMHA fallback: `qSeqLen = head_num * q_len`, one KV head). "
+        "In TensorRT-LLM 1.0.0's A100 tables "
+        "(aiconfigurator-core 0.12.0 systems/data/a100_sxm/mla/trtllm/1.0.0/"
+        "generation_mla_perf.parquet) one sequence of 131,071 tokens takes 15.5-15.9 ms "
+        "with 1, 16 or 128 heads and 16 sequences 15.7-16.1 ms, while 1,024 sequences of "
+        "16,383 tokens take 26 ms with 1 or 16 heads and 50 ms with 128: a block per 64 "
+        "heads, each streaming its sequence's latent alone."))
+    resident_blocks: float = Field(0.0, ge=0, description=(
+        "Decode attention with `head_tile`: the thread blocks the kernel runs at once (0: "
+        "one per SM). The kernel takes at least its longest block and at least its work "
+        "spread over this many blocks (simulator.cost.roofline.whole_context_quantisation). "
+        "Fitted: in the A100 and L40S tables (16 heads, 16,384-token contexts) the time "
+        "grows linearly past about 74 and 46 sequences, on 108 and 142 SMs."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
+
+    def head_blocks(self, heads: Any) -> tuple[Any, Any]:
+        """``(blocks per sequence, FLOPs multiplier)`` of MLA decode attention with
+        ``heads`` query rows per sequence on one device: ``(ceil(heads / head_tile),
+        ceil(heads / head_tile) * head_tile / heads)`` with :attr:`head_tile`, else one
+        block per sequence (the latent head) and the FLOPs as counted."""
+        if not self.head_tile:
+            return 1.0, 1.0
+        if isinstance(heads, np.ndarray):
+            tiles = np.ceil(heads / self.head_tile)
+            return tiles, tiles * self.head_tile / np.maximum(heads, 1e-9)
+        tiles_f = float(math.ceil(heads / self.head_tile))
+        return tiles_f, tiles_f * self.head_tile / max(float(heads), 1e-9)
 
     def decode_floor(self, group: Any) -> Any:
         """``floor_us`` of decode attention of ``group`` query heads per KV head: the other

@@ -71,7 +71,7 @@ def _pool_capacity(spec: PlanSpec, role: str, pool: Any, prompt: float,
     b_max = max(1, min(sched.max_num_seqs, int(pool.memory.kv_capacity_tokens // ctx)))
 
     def t_decode(b: int) -> float:
-        return seconds(BatchShape.decode(b, int(b * ctx)))
+        return seconds(BatchShape.decode(b, int(b * ctx), int(ctx)))
 
     if slo.tpot_s is not None and role != "prefill" and t_decode(1) > slo.tpot_s:
         return (f"{role} pool: one decode step of a single sequence takes "

@@ -60,7 +60,8 @@ def _prefill_rate(pool: PoolPlan) -> tuple[float, float]:
 def _decode_rate(pool: PoolPlan) -> tuple[float, float]:
     par = pool.parallelism
     seqs = par.dp * DECODE_SEQS_PER_RANK
-    step = pool.cost_models[0].step(BatchShape.decode(seqs, seqs * DECODE_CONTEXT))
+    step = pool.cost_models[0].step(BatchShape.decode(seqs, seqs * DECODE_CONTEXT,
+                                                      DECODE_CONTEXT))
     nodes = par.devices / pool.device.devices_per_node
     return seqs / step.seconds / nodes, step.seconds
 
@@ -125,7 +126,7 @@ def crossover_row(model: str, label: str, par: dict[str, int],
         if seqs * DECODE_CONTEXT > capacity:
             cells.append("KV")
             continue
-        shape = BatchShape.decode(seqs, seqs * DECODE_CONTEXT)
+        shape = BatchShape.decode(seqs, seqs * DECODE_CONTEXT, DECODE_CONTEXT)
         seconds = min(p.cost_models[0].step(shape).seconds for p in pools)
         cells.append(f"{seqs / seconds / devices:,.0f} @ {seconds * 1e3:.0f}")
     held = capacity / DECODE_CONTEXT / devices

@@ -119,9 +119,9 @@ def phase_figures() -> dict[str, list[dict[str, Any]]]:
     decode = []
     for tp in (4, 8):
         cm = InstanceCostModel(m70, h100, Parallelism(tp=tp), Precisions(), LinkSet(tp=nvl))
-        one = cm.step(BatchShape.decode(1, 1024)).seconds
+        one = cm.step(BatchShape.decode(1, 1024, 1024)).seconds
         for seqs in (1, 8, 16, 32, 64, 128, 256):
-            t = cm.step(BatchShape.decode(seqs, 1024 * seqs)).seconds
+            t = cm.step(BatchShape.decode(seqs, 1024 * seqs, 1024)).seconds
             decode.append({"tp": tp, "seqs": seqs, "step_ms": round(t * 1e3, 3),
                            "relative_to_1": round(t / one, 3)})
     m8 = get_model("Llama-3.1-8B")

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from simulator.cost.roofline import causal_quantisation
-from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit
+from simulator.hardware.operator_fits import WHOLE_CONTEXT, CollectiveCurve, OperatorFit
 from simulator.hardware.profiles import DeviceProfile
 from simulator.runner.kernel_tables import (
     _pick_version,
@@ -54,6 +54,7 @@ from simulator.validation.kernel_fit_predict import (
     causal_shares,
     evaluate,
     extra_floor,
+    flops,
     training_ape,
     warm_share,
 )
@@ -90,6 +91,19 @@ DISPATCH_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 choose instead of one tile size, with or without split-K, on its training shapes only: the
 engine's own Hopper kernel dispatch, offered on Hopper tables (:data:`HOPPER_TABLES`) only."""
 HOPPER_TABLES = ("h100_sxm", "h200_sxm")
+FMHA_MLA_DECODE_TABLES: dict[str, tuple[str, ...]] = {"trtllm": ("a100_sxm", "l40s")}
+"""Tables (per engine) whose MLA decode runs on a context FMHA kernel with the heads as
+query rows and no split of the context (``OperatorFit.head_tile``): TensorRT-LLM on SM80 and
+SM89, where none of its MLA generation kernels applies (cpp/tensorrt_llm/common/
+attentionOp.cpp, ``mlaGeneration``). The MLA decode families there may also choose
+:data:`HEAD_TILE_CHOICES` query rows per block, on their training shapes only."""
+HEAD_TILE_CHOICES = (64,)
+"""Query rows per block of :data:`FMHA_MLA_DECODE_TABLES`: 64, as the tables show. One
+sequence takes the same time with 1 to 128 heads, and 128 heads take up to twice the time
+of 64 or fewer once the blocks fill the GPU (A100, FP8 KV: 1,024 sequences of 16,383 tokens
+50.5 ms with 128 heads, 26.0-26.2 ms with 1 to 64). 128 rows per block, offered too, won
+the A100 FP8-KV training shapes by a hair and prices 128 heads as one block, which the
+measurements rule out, so it is not offered."""
 MOE_KERNEL_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("vllm", "moe_fp8"): ("flashinfer_cutlass_sm90",)}
 """Grouped MoE kernels (``OperatorFit.moe_kernel``) an engine's MoE family may choose instead
@@ -192,12 +206,15 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
             head_dim: bool = True, reread: bool = True, per_unit: bool = False,
-            l2: bool = False, remote: bool = False) -> OperatorFit:
+            l2: bool = False, remote: bool = False, head_tile: int = 0) -> OperatorFit:
     # With ``l2``, the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); the
     # others keep their places below.
     speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
     if l2:
         x = x[:-1]
+    # With ``head_tile`` (MLA decode without split-KV, which has none of the terms below),
+    # x[7] is log(resident_blocks).
+    resident = _exp(x[7]) if head_tile and len(x) > 7 else 0.0
     # With ``causal`` (prefill attention), after the head-dimension exponent (``head_dim``:
     # the family has one, x[7]): the logits of causal_tail (0.05 to 2) and kv_reread_share;
     # the last, with ``softmax``: log(softmax_dim / 64). A family without re-read bytes
@@ -230,7 +247,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
-                       remote_slots=remote)
+                       remote_slots=remote, head_tile=head_tile, resident_blocks=resident)
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -255,14 +272,16 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        group_floor_us=(round(f.group_floor_us, 3) if f.group_limit
                                        and f.group_floor_us is not None else None),
                        group_step=round(f.group_step, 4) if f.group_limit else 0.0,
-                       l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots)
+                       l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots,
+                       head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks))
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
         split_k: bool = False, tile_k0: int = 0, pack_gqa: bool = False,
         dispatch: str = "", group_limit: int = 0, overlap: bool = True,
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
-        floors: bool = False, l2: bool = False, remote: bool = False) -> OperatorFit:
+        floors: bool = False, l2: bool = False, remote: bool = False,
+        head_tile: int = 0) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -274,17 +293,19 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     :data:`MOE_KERNEL_CHOICES`); with ``l2``, the speed of a working set held in a warm L2
     (``OperatorFit.l2_speedup``, on the shapes :func:`warm_share` marks); a MoE family with
     ``remote``, the per-row work of the token slots routed to other ranks
-    (``OperatorFit.remote_slots``)."""
+    (``OperatorFit.remote_slots``); MLA decode attention with ``head_tile``, its heads as
+    padded query-row tiles of a kernel that does not split the context (``tile_m``
+    :data:`WHOLE_CONTEXT`, ``OperatorFit.head_tile``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
-    f = samples.flops[idx]
     has_hd, has_reread = samples.head_dim is not None, samples.kv_bytes is not None
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
-                    remote=remote)
+                    remote=remote, head_tile=head_tile)
+    f = flops(samples, start, idx)
     warm = warm_share(samples, device, idx) if l2 else 0.0
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
     share = causal_shares(samples, start, device, idx)
@@ -295,11 +316,13 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
-                        l2, remote)
+                        l2, remote, head_tile)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
         qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
+        if head_tile:  # the resident blocks are fitted: the multiplier follows them
+            qx = _work(samples, model, device, idx)[1]
         return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm)
                       + extra_floor(samples, model, idx)) - log_t
 
@@ -315,6 +338,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        math.log(fl0), math.log(uh0), math.log(rp0),
                        *([0.0] if hd is not None else group_start if group_limit
                          else []), *([0.0, 3.0 - 6.0 * (i % 2)] if share is not None else []),
+                       *([math.log(device.sm_count or 100)] if head_tile else []),
                        *([math.log(1.5)] if softmax else []),
                        *([math.log(1.0)] if per_unit else []), *([0.0] if l2 else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
@@ -333,12 +357,13 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
-                            softmax, has_hd, has_reread, per_unit, l2, remote))
+                            softmax, has_hd, has_reread, per_unit, l2, remote, head_tile))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
-               causal: bool = True, remote: bool = True) -> tuple[Samples, OperatorFit]:
+               causal: bool = True, remote: bool = True,
+               head_tiles: tuple[int, ...] = ()) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -353,7 +378,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     the causal tail and re-read share, and with the softmax floor (:data:`CAUSAL_ENGINES`);
     with ``remote``, a MoE family with and without the other ranks' token slots
     (``OperatorFit.remote_slots``, :data:`REMOTE_SLOT_ENGINES`; a grouped kernel of
-    :data:`MOE_KERNEL_CHOICES` without: it gathers its own tokens).
+    :data:`MOE_KERNEL_CHOICES` without: it gathers its own tokens); ``head_tiles``, the
+    query rows per block an MLA decode kernel without split-KV may take
+    (:data:`HEAD_TILE_CHOICES`, ``OperatorFit.head_tile``).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -391,6 +418,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 if family.head_dim is not None:  # the floor scales with the head dimension
                     consider(samples, unit, fit(samples, device, tile_m, causal=True,
                                                 softmax=True, l2=l2))
+        if family.heads is not None and device.sm_count:  # OperatorFit.head_tile
+            for rows in head_tiles:
+                consider(samples, unit, fit(samples, device, WHOLE_CONTEXT, l2=l2,
+                                            head_tile=rows))
     assert best is not None
     if family.decode and family.group is not None and group_limits and len(variants) > 1:
         # Rows per KV head: the grouped kernel's blocks (decode_group scales the others').
@@ -417,7 +448,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         kept = best[2]
         consider(best[1], kept.row_unit, fit(
             best[1], device, kept.tile_m, kept.tile_n, kept.split_k, 0, kept.pack_gqa, l2=True,
-            remote=kept.remote_slots))
+            remote=kept.remote_slots, head_tile=kept.head_tile))
     # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]
@@ -503,8 +534,10 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         moe_kernels = (MOE_KERNEL_CHOICES.get((engine, family.op), ())
                        if device.kernel_tables in HOPPER_TABLES else ())
         remote = engine in REMOTE_SLOT_ENGINES
+        head_tiles = (HEAD_TILE_CHOICES if device.kernel_tables in FMHA_MLA_DECODE_TABLES.get(
+            engine, ()) else ())
         s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
-                               engine in CAUSAL_ENGINES, remote)
+                               engine in CAUSAL_ENGINES, remote, head_tiles)
         if family.op in rank0:  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(rank0[family.op], device, dispatches, limits, moe_kernels,
                                 remote=remote)

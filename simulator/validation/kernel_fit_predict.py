@@ -16,14 +16,15 @@ from simulator.cost.roofline import (
     op_time,
     prefill_tiles,
     quantisation,
+    whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.operator_fits import WHOLE_CONTEXT, OperatorFit
 from simulator.hardware.profiles import DeviceProfile
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
 
-__all__ = ["both_kv_row", "causal_shares", "evaluate", "extra_floor", "predict", "tile_label",
-           "training_ape", "warm_share"]
+__all__ = ["both_kv_row", "causal_shares", "evaluate", "extra_floor", "flops", "predict",
+           "tile_label", "training_ape", "warm_share"]
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -36,6 +37,13 @@ def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
         return samples.units[idx], 1.0
     shape = tuple(a[idx] for a in samples.tiles)
     units = samples.units[idx]
+    if fitted.head_tile and samples.heads is not None:  # blocks per (sequence, head tile)
+        seqs, ctx = shape[0], shape[1]
+        tiles = fitted.head_blocks(samples.heads[idx])[0]
+        # Each measured shape is ``seqs`` sequences of equal context.
+        return (decode_units(seqs, ctx, tiles, fitted.tile_m),
+                whole_context_quantisation(tiles, ctx, ctx / seqs,
+                                           fitted.resident_blocks or device.sm_count))
     if samples.prefill:
         seqs, rows, heads, kv_heads, head_dim = shape
         shape = prefill_tiles(seqs, rows, heads, kv_heads, head_dim, fitted.pack_gqa)
@@ -62,6 +70,14 @@ def causal_shares(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
     seqs, rows, heads = (samples.tiles[i][idx] for i in range(3))
     return np.asarray(causal_share(device.sm_count, fitted.tile_m, heads, rows, rows,
                                    seqs * rows * (rows + 1) / 2))
+
+
+def flops(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> np.ndarray:
+    """FLOPs of ``samples[idx]`` under ``fitted``: MLA decode attention's heads padded to
+    whole query-row tiles (``OperatorFit.head_tile``)."""
+    if fitted.head_tile and samples.heads is not None:
+        return samples.flops[idx] * fitted.head_blocks(samples.heads[idx])[1]
+    return samples.flops[idx]
 
 
 def _bytes_rows(samples: Samples, fitted: OperatorFit,
@@ -115,7 +131,7 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
     nbytes, rows = _bytes_rows(samples, fitted, idx)
     warm = warm_share(samples, device, idx) if fitted.l2_speedup != 1.0 else 0.0
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
-                                     device.memory_bandwidth, samples.flops[idx] * fscale,
+                                     device.memory_bandwidth, flops(samples, fitted, idx) * fscale,
                                      nbytes * scale, units, rows, quant, warm)
                       + extra_floor(samples, fitted, idx))
 
@@ -152,13 +168,16 @@ def tile_label(fitted: OperatorFit) -> str:
     if not fitted.tile_m:
         return "-"
     size = f"{fitted.tile_m}x{fitted.tile_n}" if fitted.tile_n else f"{fitted.tile_m}"
+    if fitted.tile_m == WHOLE_CONTEXT:
+        size = "whole context"
     if fitted.tile_dispatch:
         size = fitted.tile_dispatch
     if fitted.moe_kernel:
         size = f"{fitted.moe_kernel} {size}"
     return (size + ("+split-K" if fitted.split_k else "") + ("+packGQA" if fitted.pack_gqa else "")
             + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else "")
-            + (f"+causal {fitted.causal_tail:g}" if fitted.causal_tail else ""))
+            + (f"+causal {fitted.causal_tail:g}" if fitted.causal_tail else "")
+            + (f"+{fitted.head_tile}-head tiles" if fitted.head_tile else ""))
 
 
 def both_kv_row(scored: dict[str, Samples], fits: dict[str, OperatorFit], base: str,

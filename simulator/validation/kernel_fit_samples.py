@@ -63,6 +63,9 @@ class Samples:
     GEMM: every copy's operands, :data:`GEMM_COPIES`), which a warm L2 holds between the
     collector's back-to-back replays where they fit (``OperatorFit.l2_speedup``;
     :func:`simulator.validation.kernel_fit_predict.warm_share`)."""
+    heads: np.ndarray | None = None
+    """MLA decode attention: query heads per sequence on the timed rank
+    (``OperatorFit.head_tile``)."""
     remote: np.ndarray | None = None
     """MoE: the routed token slots whose expert is not on the timed rank
     (``OperatorFit.remote_slots``)."""
@@ -228,7 +231,7 @@ def mla_samples(folder: Path) -> list[Samples]:
         whole = Samples(op, "bf16", flops, nbytes, units, rows,
                         a["latency"].to_numpy(float) * 1e-3, _held_out(keys),
                         f"{folder}/{name}", kv_rows, tiles, kv_bytes=kv_bytes,
-                        footprint=nbytes)
+                        footprint=nbytes, heads=None if kv_rows is None else heads)
         fp8 = a["kv_cache_dtype"].to_numpy() == "fp8"
         for mask, suffix in ((~fp8, ""), (fp8, "_kv_fp8")):
             if mask.any():
@@ -243,7 +246,7 @@ def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
     return Samples(op, s.precision, s.flops[mask], s.nbytes[mask], s.units[mask], s.rows[mask],
                    s.seconds[mask], s.held_out[mask], f"{s.source} ({op})", cut(s.kv_rows),
                    tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes), cut(s.footprint),
-                   cut(s.remote))
+                   heads=cut(s.heads), remote=cut(s.remote))
 
 
 NON_GATED_LAYOUTS = ((22, 512, None, None), (6, 128, 2688, 1856))
