@@ -65,11 +65,8 @@ class BatchShape:
             p_max = max(p_max, new)
             p_max_kv = max(p_max_kv, ctx + new)
             logits += 1 if samples else 0
-        d_seqs = d_ctx = d_max = 0
-        for ctx in decode_contexts:
-            d_seqs += 1
-            d_ctx += ctx
-            d_max = max(d_max, ctx)
+        contexts = list(decode_contexts)
+        d_seqs, d_ctx, d_max = len(contexts), sum(contexts), max(contexts, default=0)
         return cls(p_tokens, p_seqs, pairs, p_kv, d_seqs, d_ctx, logits + d_seqs, p_max,
                    d_max, p_max_kv)
 
