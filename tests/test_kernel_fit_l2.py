@@ -86,3 +86,27 @@ def test_the_step_model_prices_kv_from_memory_whatever_the_l2_speedup() -> None:
         return cm.step(BatchShape.decode(4, 4 * 512)).seconds
 
     assert step_seconds(DECODE.model_copy(update={"l2_speedup": 5.0})) == step_seconds(DECODE)
+
+
+def test_a_gemm_table_shapes_footprint_counts_the_operands_each_collector_copies() -> None:
+    """vLLM's and TensorRT-LLM's collectors give every copy of a GEMM the same input and
+    its own weight; SGLang's builds a whole GEMM per copy. A large batch over a small
+    weight (32,768 x 1,024 BF16 input, 1,024 x 128 weight: 64 MiB + 0.25 MiB, 8 MiB out)
+    then fits a 96 MiB L2 in the first two and spans six times its input in SGLang's."""
+    from simulator.validation.kernel_fit_samples import GEMM_COPIES, gemm_footprint
+
+    m, n, k = (np.array([v], dtype=float) for v in (32768, 128, 1024))
+    weight, inputs, out = n * k * 2, m * k * 2, m * n * 2
+    for engine in ("vllm", "trtllm"):
+        got = gemm_footprint(engine, "bf16", m, n, k)
+        assert got is not None
+        assert got[0] == (inputs + GEMM_COPIES[engine] * weight + out)[0]
+        assert got[0] < 96 * MIB
+    sglang = gemm_footprint("sglang", "bf16", m, n, k)
+    assert sglang is not None
+    assert sglang[0] == (6 * (inputs + weight) + out)[0]
+    # An FP8 GEMM also keeps the quantised input (one byte per element).
+    fp8 = gemm_footprint("vllm", "fp8", m, n, k)
+    assert fp8 is not None
+    assert fp8[0] == (inputs + m * k + 6 * n * k + out)[0]
+    assert gemm_footprint(None, "bf16", m, n, k) is None

@@ -88,17 +88,41 @@ def _held_out(keys: pd.Series) -> np.ndarray:
 GEMM_COPIES = {"vllm": 6, "sglang": 6, "trtllm": 5}
 """Copies of a GEMM's operands the collector cycles through in one timed replay, so that
 repeated calls span more than the L2 (ai-dynamo/aiconfigurator collector/vllm/collect_gemm.py
-and collector/sglang/collect_gemm.py: ``outside_loop_count = 6`` GEMMs, each with its own
-weight; collector/trtllm/collect_gemm.py: ``max(1, min(5, ceil(L2 / weight bytes)))``
-copies, whose operands fit the L2 exactly where five of them do). A GEMM whose copies fit the
-L2 together still runs warm (:attr:`Samples.footprint`)."""
+and collector/sglang/collect_gemm.py: ``outside_loop_count = 6`` GEMMs;
+collector/trtllm/collect_gemm.py: ``max(1, min(5, ceil(L2 / weight bytes)))`` copies, whose
+weights fill the L2 exactly where five of them do not fit it, so five classify every shape
+alike). A GEMM whose copies fit the L2 together still runs warm (:attr:`Samples.footprint`,
+:func:`gemm_footprint`)."""
+
+
+def gemm_footprint(engine: str | None, precision: str, m: np.ndarray, n: np.ndarray,
+                   k: np.ndarray) -> np.ndarray | None:
+    """Bytes one timed replay of a GEMM table's shape touches (None: engine unknown).
+
+    The collectors pass every copy the same BF16 input in vLLM and TensorRT-LLM
+    (``op.forward(x)`` for each of the :data:`GEMM_COPIES` layers, each with its own
+    weight), and build a whole GEMM per copy in SGLang (``create_gemm``: its own input,
+    weight and, for FP8, quantised input), so a large batch's input counts once in the first
+    two and per copy in SGLang. A low-precision GEMM also quantises its input (one buffer of
+    the input's elements, freed and reused call after call), and each call's output reuses
+    the previous call's freed block."""
+    copies = GEMM_COPIES.get(engine or "")
+    if copies is None:
+        return None
+    b = bytes_per_element(precision)
+    weight = n * k * b
+    inputs = m * k * 2.0 + (m * k * b if precision != "bf16" else 0.0)
+    out = m * n * 2.0
+    if engine == "sglang":
+        return copies * (inputs + weight) + out
+    return inputs + copies * weight + out
 
 
 def gemm_samples(folder: Path) -> list[Samples]:
     """BF16, FP8 and NVFP4 GEMMs of one engine's ``gemm_perf`` table
     (``.../gemm/<engine>/<version>``)."""
     g = pd.read_parquet(folder / "gemm_perf.parquet")
-    copies = GEMM_COPIES.get(folder.parent.name)
+    engine = folder.parent.name
     out = []
     for dtype, (op, precision) in _GEMM.items():
         part = g[g["gemm_dtype"] == dtype]
@@ -113,7 +137,7 @@ def gemm_samples(folder: Path) -> list[Samples]:
                            part["latency"].to_numpy(float) * 1e-3, _held_out(keys),
                            f"{folder}/gemm_perf.parquet ({dtype})",
                            tiles=(np.ones_like(m), m, n, k),
-                           footprint=nbytes * copies if copies else None))
+                           footprint=gemm_footprint(engine, precision, m, n, k)))
     return out
 
 
