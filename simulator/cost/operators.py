@@ -417,8 +417,7 @@ class OperatorPricing:
             kv = b.prefill_kv_tokens
             units = decode_units(seqs, kv, blocks, self._decode_split)
             quant = whole_context_quantisation(
-                blocks, kv, b.prefill_max_kv or max(kv - (seqs - 1), 1),
-                fit.resident_blocks or self._sms)
+                blocks, kv, b.prefill_max_kv or max(kv - (seqs - 1), 1), self._decode_resident)
         else:
             units, quant = self._decode_units(seqs, b.prefill_kv_tokens)
         per_seq = tokens / seqs if fit is not None and fit.row_unit == "query_head" else 1.0
