@@ -42,6 +42,77 @@ def test_fitted_roofline_pieces() -> None:
     assert FIT.seconds(1e15, 3e12, 0.0, 0.0, 1, 1e6) == pytest.approx(5e-6 + 2e-6)
 
 
+EXPOSED = FIT.model_copy(update={"exposed": 0.4, "half_units": 0.0})
+
+
+@settings(max_examples=200, deadline=None)
+@given(pos, pos, st.floats(1.0, 4.0))
+def test_an_exposed_share_never_makes_more_work_faster(f: float, b: float, grow: float) -> None:
+    base = EXPOSED.seconds(1e15, 3e12, f, b)
+    assert EXPOSED.seconds(1e15, 3e12, f * grow, b) >= base
+    assert EXPOSED.seconds(1e15, 3e12, f, b * grow) >= base
+
+
+def test_an_exposed_share_adds_that_share_of_the_shorter_side() -> None:
+    """``exposed`` 0.4: the busy time is the longer of compute and memory plus 0.4 of the
+    shorter, on the fit's own curve and in the step model's operator pricing, which adds
+    it (and the fixed work) to the side that bounds the operator."""
+    flops, nbytes = 4e11, 2e8
+    compute = (flops + 1e9) / (1e15 * 0.7)
+    memory = (nbytes + 1e6) / (3e12 * 0.8)
+    assert compute > memory
+    plain = FIT.model_copy(update={"half_units": 0.0})
+    assert plain.seconds(1e15, 3e12, flops, nbytes) == pytest.approx(compute + 5e-6, rel=1e-12)
+    assert EXPOSED.seconds(1e15, 3e12, flops, nbytes) == pytest.approx(
+        compute + 0.4 * memory + 5e-6, rel=1e-12)
+    device = H100.model_copy(update={"operators": {"vllm": OperatorFits(
+        source="t", fits={"gemm": EXPOSED})}})
+    cost = InstanceCostModel(M8, device, engine="vllm", fitted=True)
+    peak, bw = cost._peak, cost._bw
+    c, m = EXPOSED.parts(peak, bw, flops, nbytes)
+    assert c > m
+    priced = cost._roofline("gemm_ffn", flops, nbytes, 1, 1.0, 0.0)
+    assert priced == pytest.approx((c + 0.4 * m + 5e-6, m, 0.0), rel=1e-12)
+    without = InstanceCostModel(M8, H100.model_copy(update={"operators": {"vllm": OperatorFits(
+        source="t", fits={"gemm": plain})}}), engine="vllm", fitted=True)
+    assert without._roofline("gemm_ffn", flops, nbytes, 1, 1.0, 0.0) == pytest.approx(
+        (c + 5e-6, m, 0.0), rel=1e-12)
+
+
+def test_the_new_terms_are_refused_on_families_that_do_not_price_them() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"attention_decode\.exposed: only GEMM and MoE"):
+        OperatorFits(source="t", fits={"attention_decode": EXPOSED})
+    with pytest.raises(ValidationError, match=r"gemm\.per_group_ns: only MoE"):
+        OperatorFits(source="t", fits={"gemm": FIT.model_copy(update={"per_group_ns": 100.0})})
+    OperatorFits(source="t", fits={"gemm_fp8": EXPOSED, "moe": FIT.model_copy(
+        update={"per_group_ns": 100.0, "exposed": 0.5})})
+
+
+def test_a_group_of_gemms_costs_what_its_gemms_cost_alone() -> None:
+    """The attention projections (QKV and output) are priced as one operator of two GEMMs.
+    Each GEMM pays the fit's half-work terms, floor and per-token work as the single GEMMs
+    the fit was made on did, so two memory-bound GEMMs priced as a group cost what they
+    cost one by one. The groups had paid ``half_bytes`` once: under TensorRT-LLM's H100 FP8
+    fit (13.4 MB of it) 5.5 us less per group and layer, 0.88 ms (5 %) of a one-sequence
+    decode step of Llama-3.1-70B in FP8 on two H100s."""
+    fit = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=5e6, floor_us=3.0,
+                      per_row_ps=2.0, per_unit_ns=1.0, exposed=0.3)
+    device = H100.model_copy(update={"operators": {"vllm": OperatorFits(
+        source="t", fits={"gemm": fit})}})
+    cost = InstanceCostModel(M8, device, engine="vllm", fitted=True)
+    tokens = 2.0
+    qkv, out = (6144.0, 4096.0), (4096.0, 4096.0)
+    alone = [cost._roofline("gemm_attention", 2 * tokens * n * k, n * k + tokens * (n + k) * 2,
+                            1, tokens, tokens * k) for n, k in (qkv, out)]
+    assert all(c < m for c, m, _ in alone)  # both memory-bound
+    group = cost._roofline("gemm_attention", sum(2 * tokens * n * k for n, k in (qkv, out)),
+                           sum(n * k + tokens * (n + k) * 2 for n, k in (qkv, out)), 2, tokens,
+                           tokens * (qkv[1] + out[1]))
+    assert sum(group) == pytest.approx(sum(sum(a) for a in alone), rel=1e-12)
+
+
 def test_collective_curve_interpolates_in_log_log_and_stops_at_its_ends() -> None:
     curve = CollectiveCurve(ranks=8, points=[(1e3, 5.0), (1e5, 5.0), (1e7, 500.0)])
     assert curve.seconds(1e4) == pytest.approx(5e-6)

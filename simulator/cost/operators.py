@@ -288,29 +288,35 @@ class OperatorPricing:
     # ----- operators -----------------------------------------------------------------
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
             label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
-            quant: float = 1.0) -> None:
+            quant: float = 1.0, groups: float = 0.0) -> None:
         """The roofline of one operator, added ``times`` times to ``acc``.
 
         ``key`` describes the operator's shape for predictors that look it up in measured
         tables (:class:`simulator.cost.predictor.TablePredictor`); the roofline ignores it.
         ``units``, ``rows`` and ``quant`` (tile/wave FLOPs multiplier) feed the fitted
-        per-operator curves (:class:`OperatorFit`).
+        per-operator curves (:class:`OperatorFit`); ``groups``, the experts a grouped MoE
+        GEMM walks (:meth:`OperatorFit.group_seconds`).
         """
-        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant), times,
-                   label)
+        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant, groups),
+                   times, label)
 
     def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
-                  rows: float, quant: float = 1.0) -> tuple[float, float, float]:
+                  rows: float, quant: float = 1.0,
+                  groups: float = 0.0) -> tuple[float, float, float]:
         """(compute, memory, launch) seconds of one operator."""
         fit = self._fits.get(label)
         if fit is not None:
             peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
-            c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant)
-            compute, memory = float(c), float(m)
-            # ``units`` input rows per GEMM (tokens), for each of the ``kernels`` GEMMs.
+            # ``units`` input rows per GEMM (tokens), for each of the ``kernels`` GEMMs; each
+            # GEMM of a group pays the half-work terms and the floor, as the single GEMMs
+            # the fit was made on did.
             calls = 1 if label in WHOLE_LAYER_FITS else kernels
-            fixed = (float(fit.fixed(rows, max(compute, memory), units * calls))
-                     + (calls - 1) * fit.floor_us * 1e-6)
+            c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant, kernels=calls)
+            compute, memory = float(c), float(m)
+            busy = fit.busy(compute, memory)
+            fixed = (float(fit.fixed(rows, busy, units * calls))
+                     + (calls - 1) * fit.floor_us * 1e-6 + busy - max(compute, memory)
+                     + fit.group_seconds(groups))
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
                 return compute + fixed, memory, 0.0
@@ -462,7 +468,8 @@ class OperatorPricing:
             rows += fit.remote_rows(max(routed - tokens_here, 0.0), 2 * width, h)
         # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
         quant = self._quant("moe", (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
-        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, rows, float(quant))
+        self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, rows, float(quant),
+                 touched)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts

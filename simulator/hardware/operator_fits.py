@@ -110,6 +110,12 @@ class OperatorFit(Frozen):
         "`static_scaled_fp8_quant` and `dynamic_per_token_scaled_fp8_quant`: grid = "
         "num_tokens, 256 threads), whose blocks cost about the same for any row width up to "
         "a few thousand elements. 0 where the kernels have no such term (the fit decides)."))
+    per_group_ns: float = Field(0.0, ge=0, description=(
+        "MoE families: time per expert hit on the rank, nanoseconds, beside the per-element "
+        "terms: a grouped GEMM walks its experts' problems one after another (each group's "
+        "tile schedule, its input rows gathered through the permutation, its scales), so "
+        "256 experts of a few tokens each take longer than 8 experts of the same tokens and "
+        "weights. 0 where the tables show no such term (the fit decides)."))
     row_unit: Literal["query_head", "kv_head"] = Field("query_head", description=(
         "Decode attention only: what one row of per-row work is, a (sequence, query head) "
         "pair, or a (sequence, KV head) pair (grouped-query decode kernels that process the "
@@ -240,6 +246,14 @@ class OperatorFit(Frozen):
         "H100 tables one expert of 256 per rank (EP 256, 8 experts per token, hidden 3072) "
         "takes 1.02 ms at 16,384 tokens, where its own 512 token slots are a GEMM of "
         "microseconds."))
+    exposed: float = Field(0.0, ge=0, le=1, description=(
+        "GEMM-like families (GEMM, MoE): the share of the shorter of compute and memory "
+        "time that the kernel does not hide under the longer: the busy time is "
+        "max(compute, memory) + exposed x min(compute, memory) (0: perfect overlap, the "
+        "plain roofline; 1: none). A tile streams its weights from memory while its "
+        "tensor cores work on the tile before, as far as the pipeline stages and the "
+        "resident tiles allow; near the ridge point (a grouped MoE GEMM of about 100 "
+        "tokens per expert in FP8) neither limit is reached."))
     l2_speedup: float = Field(1.0, ge=1, le=20, description=(
         "How many times faster than its memory term an operator runs whose working set "
         "stays in the L2 cache between back-to-back calls (1: no such term). A condition of "
@@ -346,13 +360,16 @@ class OperatorFit(Frozen):
         return scale * max(1.0, self.softmax_dim / float(head_dim))
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
-              units: Any = 1.0, quant: Any = 1.0, warm: Any = 0.0) -> tuple[Any, Any]:
+              units: Any = 1.0, quant: Any = 1.0, warm: Any = 0.0,
+              kernels: float = 1.0) -> tuple[Any, Any]:
         """Compute and memory seconds (floats or numpy arrays).
 
         ``quant`` is the tile/wave multiplier of the FLOPs (1 without ``tile_m``); the fill
         term adds ``F * (half_units / U)``, which stays constant while F grows with U.
         ``warm`` is the share of the bytes read from a warm L2 (:attr:`l2_speedup`): 0, the
-        default, wherever the step model prices an operator.
+        default, wherever the step model prices an operator. ``kernels``: the work is that
+        many kernels' (a group of GEMMs priced as one operator), each paying the half-work
+        terms (``half_flops``, ``half_bytes``) as the single kernels the fit was made on do.
         """
         if self.l2_speedup != 1.0:
             nbytes = nbytes * (1.0 - warm * (1.0 - 1.0 / self.l2_speedup))
@@ -362,8 +379,9 @@ class OperatorFit(Frozen):
             flops_eff = flops * quant + (flops * (under - 1.0) if self.half_units else 0.0)
         else:
             flops_eff = flops * under
-        compute = (flops_eff + self.half_flops) / (peak_flops * self.compute) * (flops > 0)
-        memory = (nbytes * under + self.half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
+        half_flops, half_bytes = self.half_flops * kernels, self.half_bytes * kernels
+        compute = (flops_eff + half_flops) / (peak_flops * self.compute) * (flops > 0)
+        memory = (nbytes * under + half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
         return compute, memory
 
     def remote_rows(self, slots: Any, gate_up: Any, hidden: Any) -> Any:
@@ -392,8 +410,23 @@ class OperatorFit(Frozen):
     def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
                 units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0, warm: Any = 0.0) -> Any:
         compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant, warm)
-        busy = np.maximum(compute, memory)
+        busy = self.busy(compute, memory)
         return busy + self.fixed(rows, busy, units)
+
+    def group_seconds(self, groups: Any) -> Any:
+        """Seconds of ``groups`` experts hit on the rank (:attr:`per_group_ns`)."""
+        return groups * self.per_group_ns * 1e-9 if self.per_group_ns else 0.0
+
+    def busy(self, compute: Any, memory: Any) -> Any:
+        """The larger of ``compute`` and ``memory`` plus the exposed share of the smaller
+        (:attr:`exposed`); never decreases in either."""
+        arrays = isinstance(compute, np.ndarray) or isinstance(memory, np.ndarray)
+        if arrays:
+            longer = np.maximum(compute, memory)
+            return longer + self.exposed * np.minimum(compute, memory) if self.exposed else longer
+        if self.exposed:
+            return max(compute, memory) + self.exposed * min(compute, memory)
+        return max(compute, memory)
 
 
 class CollectiveCurve(Frozen):
@@ -443,6 +476,19 @@ class OperatorFits(Frozen):
     fits: dict[OperatorClass, OperatorFit] = Field(description="Constants per operator family.")
     allreduce: list[CollectiveCurve] = Field(default_factory=list, description=(
         "The engine's all-reduce inside one scale-up domain, per group size."))
+
+    @model_validator(mode="after")
+    def _terms_of_their_families(self) -> OperatorFits:
+        """``exposed`` belongs to GEMM and MoE fits and ``per_group_ns`` to MoE fits: the
+        step model prices them there only."""
+        for family, fit in self.fits.items():
+            if fit.exposed and not family.startswith(("gemm", "moe")):
+                raise ValueError(f"fits.{family}.exposed: only GEMM and MoE families "
+                                 f"(gemm*, moe*) take it; got {fit.exposed}")
+            if fit.per_group_ns and not family.startswith("moe"):
+                raise ValueError(f"fits.{family}.per_group_ns: only MoE families (moe*) "
+                                 f"take it; got {fit.per_group_ns}")
+        return self
 
 
 DeepEPPhase = Literal["dispatch", "combine"]

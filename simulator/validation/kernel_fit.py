@@ -174,6 +174,9 @@ _GROUP_START = [-1.0, -1.0, 0.0, math.log(0.375 / 1.125), -2.0]
 ``row_overlap`` 0.5, ``group_memory`` 0.875, ``group_q_rows`` 0.12."""
 _KERNEL_START = [math.log(5.0), math.log(0.1 / 1.9)]
 """Starts of ``log(group_floor_us)`` (5 us) and of the ``group_step`` logit (0.1)."""
+EXPOSED_FAMILIES = ("gemm", "moe")
+"""Families offered ``OperatorFit.exposed`` (the share of the shorter of compute and memory
+their kernel does not hide), on their training shapes only, once their tiles are chosen."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -206,11 +209,20 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             pack_gqa: bool = False, dispatch: str = "", group_limit: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
             head_dim: bool = True, reread: bool = True, per_unit: bool = False,
-            l2: bool = False, remote: bool = False, head_tile: int = 0) -> OperatorFit:
-    # With ``l2``, the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); the
+            l2: bool = False, remote: bool = False, head_tile: int = 0,
+            exposed: bool = False, per_group: bool = False) -> OperatorFit:
+    # With ``l2``, the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); with
+    # ``exposed``, the one before (or the last without ``l2``) is the logit of
+    # OperatorFit.exposed; with ``per_group``, the one before that is log(per_group_ns); the
     # others keep their places below.
     speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
     if l2:
+        x = x[:-1]
+    share = _sig(x[-1]) if exposed else 0.0
+    if exposed:
+        x = x[:-1]
+    group_ns = _exp(x[-1]) if per_group else 0.0
+    if per_group:
         x = x[:-1]
     # With ``head_tile`` (MLA decode without split-KV, which has none of the terms below),
     # x[7] is log(resident_blocks).
@@ -247,7 +259,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
-                       remote_slots=remote, head_tile=head_tile, resident_blocks=resident)
+                       remote_slots=remote, head_tile=head_tile, resident_blocks=resident,
+                       exposed=share, per_group_ns=group_ns)
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -273,7 +286,8 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                                        and f.group_floor_us is not None else None),
                        group_step=round(f.group_step, 4) if f.group_limit else 0.0,
                        l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots,
-                       head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks))
+                       head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks),
+                       exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns))
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
@@ -281,7 +295,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         dispatch: str = "", group_limit: int = 0, overlap: bool = True,
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
         floors: bool = False, l2: bool = False, remote: bool = False,
-        head_tile: int = 0) -> OperatorFit:
+        head_tile: int = 0, exposed: bool = False, per_group: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -295,7 +309,10 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     ``remote``, the per-row work of the token slots routed to other ranks
     (``OperatorFit.remote_slots``); MLA decode attention with ``head_tile``, its heads as
     padded query-row tiles of a kernel that does not split the context (``tile_m``
-    :data:`WHOLE_CONTEXT`, ``OperatorFit.head_tile``)."""
+    :data:`WHOLE_CONTEXT`, ``OperatorFit.head_tile``); a GEMM-like family with ``exposed``,
+    the share of the shorter of compute and memory its kernel leaves exposed
+    (``OperatorFit.exposed``); a MoE family with ``per_group``, its time per expert hit
+    (``OperatorFit.per_group_ns``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -316,7 +333,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
-                        l2, remote, head_tile)
+                        l2, remote, head_tile, exposed, per_group)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -340,7 +357,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                          else []), *([0.0, 3.0 - 6.0 * (i % 2)] if share is not None else []),
                        *([math.log(device.sm_count or 100)] if head_tile else []),
                        *([math.log(1.5)] if softmax else []),
-                       *([math.log(1.0)] if per_unit else []), *([0.0] if l2 else [])])
+                       *([math.log(1.0)] if per_unit else []),
+                       *([math.log(100.0)] if per_group else []),
+                       *([math.log(0.3 / 0.7)] if exposed else []), *([0.0] if l2 else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -357,13 +376,15 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         x, _ = levenberg_marquardt(weighted, x, iterations=60)
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
-                            softmax, has_hd, has_reread, per_unit, l2, remote, head_tile))
+                            softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
+                            exposed, per_group))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
                causal: bool = True, remote: bool = True,
-               head_tiles: tuple[int, ...] = ()) -> tuple[Samples, OperatorFit]:
+               head_tiles: tuple[int, ...] = (), exposed: bool = True
+               ) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -473,6 +494,15 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                     samples, device, chosen.tile_m, chosen.tile_n, chosen.split_k, k0,
                     chosen.pack_gqa, chosen.tile_dispatch, moe_kernel=chosen.moe_kernel,
                     l2=chosen.l2_speedup != 1.0, remote=chosen.remote_slots))
+    if exposed and family.op.startswith(EXPOSED_FAMILIES) and family.tiles is not None:
+        kept = best[2]  # the chosen tiles and fixed work, with the new terms fitted
+        moe = family.op.startswith("moe")
+        for share, groups in ((True, False), (False, True), (True, True))[:3 if moe else 1]:
+            consider(best[1], kept.row_unit, fit(
+                best[1], device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
+                kept.pack_gqa, kept.tile_dispatch, moe_kernel=kept.moe_kernel,
+                l2=kept.l2_speedup != 1.0, remote=kept.remote_slots, exposed=share,
+                per_group=groups))
     return best[1], best[2]
 
 

@@ -103,7 +103,11 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
 
 def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
     """Seconds added to ``fitted.seconds`` of ``samples[idx]``: decode attention outside its
-    grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`)."""
+    grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`); a MoE family
+    pays per expert hit on the rank (:meth:`OperatorFit.group_seconds`, the experts are the
+    first of its tile dimensions)."""
+    if fitted.per_group_ns and samples.tiles is not None and samples.op.startswith("moe"):
+        return fitted.group_seconds(samples.tiles[0][idx])
     if not (samples.decode and fitted.group_limit and fitted.group_floor_us is not None
             and samples.group is not None):
         return 0.0
