@@ -11,6 +11,7 @@ import pytest
 from simulator.cost.roofline import quantisation, scalar_quantisation
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import OperatorFit
+from simulator.models import get_model
 from simulator.validation.kernel_fit_samples import gated_moe, moe_samples
 
 H100 = load_device("H100-SXM")
@@ -275,50 +276,39 @@ def test_the_step_model_prices_moe_with_the_kernel_sglang_dispatches() -> None:
     assert get_model("Qwen3-235B-A22B").architecture == "Qwen3MoeForCausalLM"
 
 
+MIXTRAL = get_model("Mixtral-8x7B")
+
+
+def _mixtral_moe_seconds(engine: str, **update: float) -> float:
+    """Seconds of Mixtral-8x7B's MoE layers in a decode step of 16 sequences of 1,000
+    tokens on one H100 whose ``engine`` MoE fit is a plain roofline with ``update``."""
+    from simulator.cost import InstanceCostModel
+    from simulator.cost.batch import BatchShape
+    from simulator.hardware.operator_fits import OperatorFits
+
+    fit = OperatorFit(compute=0.3, half_flops=0.0, memory=0.6, half_bytes=0.0,
+                      **{"floor_us": 0.0, **update})
+    device = H100.model_copy(update={"operators": {engine: OperatorFits(
+        source="t", fits={"moe": fit})}})
+    cost = InstanceCostModel(MIXTRAL, device, engine=engine, fitted=True)
+    return cost.breakdown(BatchShape.decode(16, 16 * 1000))["moe"]
+
+
 def test_a_fitted_moe_layer_pays_its_floor_once() -> None:
     """A ``moe_perf`` row times the whole routed-expert layer, so the step model adds the
     fitted floor once per MoE layer, as the fit priced the row it was fitted on; it had
     added it once per grouped GEMM (twice)."""
-    from simulator.cost import InstanceCostModel
-    from simulator.cost.batch import BatchShape
-    from simulator.hardware.operator_fits import OperatorFits
-    from simulator.models import get_model
-
-    model = get_model("Mixtral-8x7B")
-    base = OperatorFit(compute=0.3, half_flops=0.0, memory=0.6, half_bytes=0.0, floor_us=0.0)
-
-    def moe_seconds(floor_us: float) -> float:
-        fit = base.model_copy(update={"floor_us": floor_us})
-        device = H100.model_copy(update={"operators": {"sglang": OperatorFits(
-            source="t", fits={"moe": fit})}})
-        cost = InstanceCostModel(model, device, engine="sglang", fitted=True)
-        return cost.breakdown(BatchShape.decode(16, 16 * 1000))["moe"]
-
-    added = moe_seconds(30.0) - moe_seconds(0.0)
-    assert added == pytest.approx(model.num_layers * 30e-6, rel=1e-9)
+    added = _mixtral_moe_seconds("sglang", floor_us=30.0) - _mixtral_moe_seconds("sglang")
+    assert added == pytest.approx(MIXTRAL.num_layers * 30e-6, rel=1e-9)
 
 
 def test_a_fitted_moe_layer_pays_for_each_expert_it_hits() -> None:
     """A fit with ``per_group_ns`` adds, per MoE layer, that time for every expert hit on
     the rank: 16 decode tokens of Mixtral (top-2 of 8) hit 8 x (1 - (6/8)^16) experts."""
-    from simulator.cost import InstanceCostModel
-    from simulator.cost.batch import BatchShape
-    from simulator.hardware.operator_fits import OperatorFits
-    from simulator.models import get_model
-
-    model = get_model("Mixtral-8x7B")
-    base = OperatorFit(compute=0.3, half_flops=0.0, memory=0.6, half_bytes=0.0, floor_us=0.0)
-
-    def moe_seconds(per_group_ns: float) -> float:
-        fit = base.model_copy(update={"per_group_ns": per_group_ns})
-        device = H100.model_copy(update={"operators": {"trtllm": OperatorFits(
-            source="t", fits={"moe": fit})}})
-        cost = InstanceCostModel(model, device, engine="trtllm", fitted=True)
-        return cost.breakdown(BatchShape.decode(16, 16 * 1000))["moe"]
-
     hit = 8 * (1 - (1 - 2 / 8) ** 16)
-    added = moe_seconds(300.0) - moe_seconds(0.0)
-    assert added == pytest.approx(model.num_layers * hit * 300e-9, rel=1e-9)
+    added = (_mixtral_moe_seconds("trtllm", per_group_ns=300.0)
+             - _mixtral_moe_seconds("trtllm"))
+    assert added == pytest.approx(MIXTRAL.num_layers * hit * 300e-9, rel=1e-9)
 
 
 def test_kernel_fit_finds_a_time_per_expert_hit(tmp_path: Path) -> None:
