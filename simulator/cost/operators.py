@@ -313,10 +313,10 @@ class OperatorPricing:
             calls = 1 if label in WHOLE_LAYER_FITS else kernels
             c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant, kernels=calls)
             compute, memory = float(c), float(m)
-            busy = fit.busy(compute, memory)
+            busy = fit.busy(compute, memory)  # the longer side and the shorter's exposed share
+            exposed = busy - max(compute, memory)
             fixed = (float(fit.fixed(rows, busy, units * calls))
-                     + (calls - 1) * fit.floor_us * 1e-6 + busy - max(compute, memory)
-                     + fit.group_seconds(groups))
+                     + (calls - 1) * fit.floor_us * 1e-6 + exposed + fit.group_seconds(groups))
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
                 return compute + fixed, memory, 0.0

@@ -496,8 +496,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                     l2=chosen.l2_speedup != 1.0, remote=chosen.remote_slots))
     if exposed and family.op.startswith(EXPOSED_FAMILIES) and family.tiles is not None:
         kept = best[2]  # the chosen tiles and fixed work, with the new terms fitted
-        moe = family.op.startswith("moe")
-        for share, groups in ((True, False), (False, True), (True, True))[:3 if moe else 1]:
+        # (exposed, per_group): GEMMs the exposed share; MoE also a time per expert, and both.
+        offers = (((True, False), (False, True), (True, True)) if family.op.startswith("moe")
+                  else ((True, False),))
+        for share, groups in offers:
             consider(best[1], kept.row_unit, fit(
                 best[1], device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
                 kept.pack_gqa, kept.tile_dispatch, moe_kernel=kept.moe_kernel,
