@@ -43,7 +43,7 @@ from simulator.cost.roofline import (
 )
 from simulator.engine.step_prices import BLOCK, WINDOW
 from simulator.hardware.engines import engine_names, load_engine
-from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.operator_fits import OperatorFit, key_tile_extra
 from simulator.hardware.registry import device_names, load_device, load_link
 from simulator.models import get_model, model_names
 
@@ -205,7 +205,9 @@ class Reference(InstanceCostModel):
             keys = longest + (b.prefill_kv_tokens - tokens) if seqs <= 1 else longest
             quant = causal_quantisation(quant, causal_share(
                 self.device.sm_count, fit.tile_m, heads, longest, keys, pairs), fit.causal_tail)
-        batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
+        extra = (key_tile_extra(fit.key_tiles, m.head_dim)
+                 if fit is not None and fit.key_tiles and m.attention != "mla" else 0.0)
+        batch = (per_pair * (pairs + tokens * extra), nbytes, seqs * heads, float(quant))
         if fit is None or seqs <= 1:
             return batch
         ctx = b.prefill_kv_tokens - tokens

@@ -112,6 +112,7 @@ class OperatorPricing:
     _decode_rows: float
     _prefill_scale: float | None
     _prefill_flops_scale: float | None
+    _prefill_key_extra: float
 
     @property
     def kv_heads_per_device(self) -> int:
@@ -264,7 +265,10 @@ class OperatorPricing:
             quant = causal_quantisation(
                 quant, causal_share(self._sms, fit.tile_m, heads, longest, keys, pairs),
                 fit.causal_tail)
-        batch = (per_pair * pairs, nbytes, seqs * heads, float(quant))
+        # A kernel computing whole key blocks charges each row keys past its causal ones
+        # (OperatorFit.key_tiles; the tile shapes above keep the causal pairs).
+        batch = (per_pair * (pairs + tokens * self._prefill_key_extra), nbytes, seqs * heads,
+                 float(quant))
         if fit is None or seqs <= 1:
             return batch
         # Cached context is not in the tile bound: the batch also costs at least its longest

@@ -27,7 +27,7 @@ from simulator.cost.roofline import (
     decode_units,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import OperatorFit, moe_kernel_family
+from simulator.hardware.operator_fits import OperatorFit, key_tile_extra, moe_kernel_family
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
@@ -166,6 +166,10 @@ class InstanceCostModel(OperatorPricing):
         # Its FLOPs also per pair at least the softmax's (OperatorFit.softmax_dim).
         self._prefill_flops_scale = (None if self._prefill_scale is None or prefill is None
                                      else prefill.flops_scale(m.head_dim))
+        # Keys per query row past the causal pairs of a kernel's whole key blocks.
+        self._prefill_key_extra = (key_tile_extra(prefill.key_tiles, m.head_dim)
+                                   if prefill is not None and prefill.key_tiles
+                                   and m.attention != "mla" else 0.0)
 
     def _operator_fits(self) -> dict[str, OperatorFit]:
         """Fitted roofline per operator label (labels without a fit use device-wide factors)."""

@@ -72,6 +72,33 @@ does not split the context: one thread block reads a sequence's whole KV, so a p
 longer than any context (:attr:`OperatorFit.head_tile`)."""
 
 
+KEY_TILES: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "fa3_sm90_bf16": ((64, 192, 128), (96, 192, 128), (128, 128, 128), (192, 128, 96),
+                      (256, 128, 80)),
+    "fa3_sm90_fp8": ((64, 192, 160), (96, 192, 128), (128, 128, 160), (192, 128, 160),
+                     (256, 128, 128)),
+}
+"""``(largest head dimension, kBlockM, kBlockN)`` of a prefill-attention kernel's tiles
+(:attr:`OperatorFit.key_tiles`): FlashAttention-3 on SM90, causal, over a paged KV cache
+whose pages TMA cannot load (vLLM's 16-token blocks, SGLang's 1-token pages), for a 16-bit and
+an FP8 query and KV cache (vllm-project/flash-attention hopper/tile_size.h,
+``tile_size_fwd_sm90``: 16-bit, head dim 128: 128 x 128 when causal; FP8: 128 x 160 with
+``paged_kv_non_TMA``)."""
+
+
+def key_tile_extra(table: str, head_dim: float) -> float:
+    """Keys per query row a causal prefill kernel with :data:`KEY_TILES` ``table`` computes
+    beyond the row's own causal keys, on average over its query blocks: a block of ``M``
+    rows computes whole blocks of ``N`` keys up to its last row, ``(M - 1) / 2`` keys past
+    the diagonal per row and on average ``(N - gcd(M, N)) / 2`` more for the last key block
+    rounded up. Exact for every prompt of whole query blocks whose count is a multiple of
+    ``N / gcd(M, N)``; a prompt shorter than its last key block is charged up to that
+    block's rounding above what its kernel computes."""
+    rows = KEY_TILES[table]
+    _, tile_m, tile_n = next((r for r in rows if head_dim <= r[0]), rows[-1])
+    return ((tile_m - 1) + (tile_n - math.gcd(tile_m, tile_n))) / 2.0
+
+
 class OperatorFit(Frozen):
     """Roofline of one operator family on one device, fitted on measured kernels.
 
@@ -163,6 +190,13 @@ class OperatorFit(Frozen):
         "TensorRT-LLM-gen context kernels, which vLLM runs on Blackwell, launch a "
         "persistent tile scheduler with a causal mask (flashinfer "
         "csrc/trtllm_fmha_kernel_launcher.cu: TileScheduler::Persistent, Causal)."))
+    key_tiles: Literal["", "fa3_sm90_bf16", "fa3_sm90_fp8"] = Field("", description=(
+        "Prefill attention (not MLA; '' off): the kernel's tile table by head dimension "
+        "(simulator.hardware.operator_fits.KEY_TILES). A causal query block computes whole "
+        "key blocks up to its last row, so each query row is charged the keys of "
+        "key_tile_extra beyond its causal pairs: at head dim 128, 63.5 (16-bit, 128 x 128 "
+        "tiles) or 127.5 (FP8, 128 x 160), which is 12 % / 25 % more work at a 1,024-token "
+        "prompt and under 2 % / 4 % at 8,192."))
     head_dim_exp: float = Field(0.0, ge=-2, le=2, description=(
         "Attention: FLOPs and bytes are scaled by (head_dim / 128) ** head_dim_exp. The "
         "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
@@ -479,8 +513,8 @@ class OperatorFits(Frozen):
 
     @model_validator(mode="after")
     def _terms_of_their_families(self) -> OperatorFits:
-        """``exposed`` belongs to GEMM and MoE fits and ``per_group_ns`` to MoE fits: the
-        step model prices them there only."""
+        """``exposed`` belongs to GEMM and MoE fits, ``per_group_ns`` to MoE fits and
+        ``key_tiles`` to prefill-attention fits: the step model prices them there only."""
         for family, fit in self.fits.items():
             if fit.exposed and not family.startswith(("gemm", "moe")):
                 raise ValueError(f"fits.{family}.exposed: only GEMM and MoE families "
@@ -488,6 +522,11 @@ class OperatorFits(Frozen):
             if fit.per_group_ns and not family.startswith("moe"):
                 raise ValueError(f"fits.{family}.per_group_ns: only MoE families (moe*) "
                                  f"take it; got {fit.per_group_ns}")
+            if fit.key_tiles and not (family.startswith("attention_prefill")
+                                      and "mla" not in family):
+                raise ValueError(f"fits.{family}.key_tiles: only prefill-attention families "
+                                 f"(attention_prefill*, not MLA) take it; got "
+                                 f"{fit.key_tiles!r}")
         return self
 
 

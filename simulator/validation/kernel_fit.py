@@ -143,6 +143,22 @@ sglang .../fused_moe_triton/, ``write_zeros_to_output``). TensorRT-LLM's CUTLASS
 gathers only its own rank's slots and writes nothing for the others
 (cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/, ``expandInputRowsKernel`` and
 ``finalizeMoeRoutingKernel`` skip experts outside the rank), so its fits are not."""
+KEY_TILE_ENGINES: dict[str, tuple[str, ...]] = {"vllm": HOPPER_TABLES, "sglang": HOPPER_TABLES}
+"""Engines (and their tables) whose prefill attention runs FlashAttention-3, offered its tile
+table (``OperatorFit.key_tiles``, :data:`simulator.hardware.operator_fits.KEY_TILES`) on the
+training shapes only: vLLM's FlashAttention backend and SGLang's default ``fa3`` backend on
+Hopper. The 16-bit family is offered the 16-bit table and the FP8-KV family the FP8 one."""
+
+
+def key_tile_choice(engine: str, device: DeviceProfile, op: str) -> str:
+    """The key-tile table (``OperatorFit.key_tiles``) the prefill-attention family ``op``
+    (not MLA) of ``engine`` on ``device`` is offered, or ''."""
+    if (device.kernel_tables not in KEY_TILE_ENGINES.get(engine, ())
+            or not op.startswith("attention_prefill") or "mla" in op):
+        return ""
+    return "fa3_sm90_fp8" if op.endswith("_kv_fp8") else "fa3_sm90_bf16"
+
+
 CAUSAL_ENGINES = ("vllm", "trtllm", "sglang")
 """Engines whose prefill-attention fits are offered the causal tail, the K/V re-read share
 and the softmax floor (``OperatorFit.causal_tail``, ``kv_reread_share``, ``softmax_dim``),
@@ -210,11 +226,12 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
             head_dim: bool = True, reread: bool = True, per_unit: bool = False,
             l2: bool = False, remote: bool = False, head_tile: int = 0,
-            exposed: bool = False, per_group: bool = False) -> OperatorFit:
-    # With ``l2``, the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); with
-    # ``exposed``, the one before (or the last without ``l2``) is the logit of
-    # OperatorFit.exposed; with ``per_group``, the one before that is log(per_group_ns); the
-    # others keep their places below.
+            exposed: bool = False, per_group: bool = False, key_tiles: str = "") -> OperatorFit:
+    # ``key_tiles`` is a choice, not a fitted element (OperatorFit.key_tiles). With ``l2``,
+    # the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); with ``exposed``,
+    # the one before (or the last without ``l2``) is the logit of OperatorFit.exposed; with
+    # ``per_group``, the one before that is log(per_group_ns); the others keep their places
+    # below.
     speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
     if l2:
         x = x[:-1]
@@ -260,7 +277,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        tile_dispatch=dispatch if tile_n else "",
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
                        remote_slots=remote, head_tile=head_tile, resident_blocks=resident,
-                       exposed=share, per_group_ns=group_ns)
+                       exposed=share, per_group_ns=group_ns,
+                       key_tiles=key_tiles)  # type: ignore[arg-type]
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -287,7 +305,8 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        group_step=round(f.group_step, 4) if f.group_limit else 0.0,
                        l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots,
                        head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks),
-                       exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns))
+                       exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),
+                       key_tiles=f.key_tiles)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
@@ -295,7 +314,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         dispatch: str = "", group_limit: int = 0, overlap: bool = True,
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
         floors: bool = False, l2: bool = False, remote: bool = False,
-        head_tile: int = 0, exposed: bool = False, per_group: bool = False) -> OperatorFit:
+        head_tile: int = 0, exposed: bool = False, per_group: bool = False,
+        key_tiles: str = "") -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -312,7 +332,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     :data:`WHOLE_CONTEXT`, ``OperatorFit.head_tile``); a GEMM-like family with ``exposed``,
     the share of the shorter of compute and memory its kernel leaves exposed
     (``OperatorFit.exposed``); a MoE family with ``per_group``, its time per expert hit
-    (``OperatorFit.per_group_ns``)."""
+    (``OperatorFit.per_group_ns``); prefill attention with ``key_tiles``, the whole key
+    blocks of a kernel's tile table (``OperatorFit.key_tiles``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -321,7 +342,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
-                    remote=remote, head_tile=head_tile)
+                    remote=remote, head_tile=head_tile, key_tiles=key_tiles)
     f = flops(samples, start, idx)
     warm = warm_share(samples, device, idx) if l2 else 0.0
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
@@ -333,7 +354,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
-                        l2, remote, head_tile, exposed, per_group)
+                        l2, remote, head_tile, exposed, per_group, key_tiles)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -377,13 +398,13 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
-                            exposed, per_group))
+                            exposed, per_group, key_tiles))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
                causal: bool = True, remote: bool = True,
-               head_tiles: tuple[int, ...] = (), exposed: bool = True
+               head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = ""
                ) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
@@ -401,7 +422,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     (``OperatorFit.remote_slots``, :data:`REMOTE_SLOT_ENGINES`; a grouped kernel of
     :data:`MOE_KERNEL_CHOICES` without: it gathers its own tokens); ``head_tiles``, the
     query rows per block an MLA decode kernel without split-KV may take
-    (:data:`HEAD_TILE_CHOICES`, ``OperatorFit.head_tile``).
+    (:data:`HEAD_TILE_CHOICES`, ``OperatorFit.head_tile``); ``key_tiles``, a prefill kernel's
+    tile table (:data:`KEY_TILE_ENGINES`, ``OperatorFit.key_tiles``): every prefill choice
+    is also fitted with its whole key blocks.
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -429,16 +452,19 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     packs = (False, True) if family.prefill else (False,)
     # MoE: with and without the other ranks' token slots (OperatorFit.remote_slots).
     remotes = (False, True) if remote and family.remote is not None else (False,)
-    for (samples, unit), l2, others in itertools.product(variants, l2s, remotes):
+    # Prefill attention: without and with a kernel's whole key blocks (OperatorFit.key_tiles).
+    keys = ("", key_tiles) if key_tiles and family.prefill else ("",)
+    for (samples, unit), l2, others, key in itertools.product(variants, l2s, remotes, keys):
         for tile_m, tile_n, split_k in tiles:
             for pack in packs if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack,
-                                            l2=l2, remote=others))
+                                            l2=l2, remote=others, key_tiles=key))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
-                consider(samples, unit, fit(samples, device, tile_m, causal=True, l2=l2))
+                consider(samples, unit, fit(samples, device, tile_m, causal=True, l2=l2,
+                                            key_tiles=key))
                 if family.head_dim is not None:  # the floor scales with the head dimension
                     consider(samples, unit, fit(samples, device, tile_m, causal=True,
-                                                softmax=True, l2=l2))
+                                                softmax=True, l2=l2, key_tiles=key))
         if family.heads is not None and device.sm_count:  # OperatorFit.head_tile
             for rows in head_tiles:
                 consider(samples, unit, fit(samples, device, WHOLE_CONTEXT, l2=l2,
@@ -569,7 +595,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         head_tiles = (HEAD_TILE_CHOICES if device.kernel_tables in FMHA_MLA_DECODE_TABLES.get(
             engine, ()) else ())
         s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
-                               engine in CAUSAL_ENGINES, remote, head_tiles)
+                               engine in CAUSAL_ENGINES, remote, head_tiles,
+                               key_tiles=key_tile_choice(engine, device, family.op))
         if family.op in rank0:  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(rank0[family.op], device, dispatches, limits, moe_kernels,
                                 remote=remote)

@@ -18,7 +18,7 @@ from simulator.cost.roofline import (
     quantisation,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import WHOLE_CONTEXT, OperatorFit
+from simulator.hardware.operator_fits import WHOLE_CONTEXT, OperatorFit, key_tile_extra
 from simulator.hardware.profiles import DeviceProfile
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
@@ -74,9 +74,15 @@ def causal_shares(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
 
 def flops(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> np.ndarray:
     """FLOPs of ``samples[idx]`` under ``fitted``: MLA decode attention's heads padded to
-    whole query-row tiles (``OperatorFit.head_tile``)."""
+    whole query-row tiles (``OperatorFit.head_tile``); prefill attention's whole key blocks
+    (``OperatorFit.key_tiles``: each measured shape is ``sequences`` prompts of ``rows``
+    tokens, 4 FLOPs per head dimension of each query-key pair)."""
     if fitted.head_tile and samples.heads is not None:
         return samples.flops[idx] * fitted.head_blocks(samples.heads[idx])[1]
+    if fitted.key_tiles and samples.prefill and samples.tiles is not None:
+        seqs, rows, heads, _, head_dim = (a[idx] for a in samples.tiles)
+        extra = np.array([key_tile_extra(fitted.key_tiles, float(h)) for h in head_dim])
+        return samples.flops[idx] + 4.0 * heads * head_dim * seqs * rows * extra
     return samples.flops[idx]
 
 
@@ -181,6 +187,7 @@ def tile_label(fitted: OperatorFit) -> str:
     return (size + ("+split-K" if fitted.split_k else "") + ("+packGQA" if fitted.pack_gqa else "")
             + (f"+k0 {fitted.tile_k0}" if fitted.tile_k0 else "")
             + (f"+causal {fitted.causal_tail:g}" if fitted.causal_tail else "")
+            + ("+key blocks" if fitted.key_tiles else "")
             + (f"+{fitted.head_tile}-head tiles" if fitted.head_tile else ""))
 
 

@@ -39,6 +39,8 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                     del dumped[one]
             if not dumped["remote_slots"]:
                 del dumped["remote_slots"]
+            if not dumped["key_tiles"]:
+                del dumped["key_tiles"]
             if not dumped["group_limit"]:  # one decode kernel: its group constants unused
                 for off in ("group_limit", "group_reread", "group_row_share", "row_overlap",
                             "group_memory", "group_q_rows", "group_floor_us", "group_step"):
