@@ -82,6 +82,9 @@ def test_the_fa3_tiles_at_head_dim_128() -> None:
     assert key_tile_extra("fa3_sm90_fp8", 128) == (127 + 160 - 32) / 2
     assert key_tile_extra("fa3_sm90_fp8", 64) == (191 + 160 - 32) / 2  # 192 x 160
     assert key_tile_extra("fa3_sm90_bf16", 512) == key_tile_extra("fa3_sm90_bf16", 256)
+    # TensorRT-LLM's SM90 context kernels (fmha_cubin.h): 64 x 128 (16-bit), 64 x 256 (E4M3).
+    assert key_tile_extra("fmha_v2_sm90_bf16", 128) == (63 + 128 - 64) / 2
+    assert key_tile_extra("fmha_v2_sm90_fp8", 128) == (63 + 256 - 64) / 2
 
 
 def _h100(fit: OperatorFit, model: str = "Llama-3.1-8B") -> InstanceCostModel:
@@ -126,7 +129,9 @@ def test_the_fit_charges_the_measured_shapes_the_same_extra_keys() -> None:
 def test_the_tables_are_offered_where_the_engines_run_flashattention3() -> None:
     assert key_tile_choice("vllm", H100, "attention_prefill") == "fa3_sm90_bf16"
     assert key_tile_choice("sglang", H100, "attention_prefill_kv_fp8") == "fa3_sm90_fp8"
-    assert key_tile_choice("trtllm", H100, "attention_prefill") == ""
+    assert key_tile_choice("trtllm", H100, "attention_prefill") == "fmha_v2_sm90_bf16"
+    assert key_tile_choice("trtllm", H100, "attention_prefill_kv_fp8") == "fmha_v2_sm90_fp8"
+    assert key_tile_choice("trtllm", load_device("B200"), "attention_prefill") == ""
     assert key_tile_choice("vllm", load_device("B200"), "attention_prefill") == ""
     assert key_tile_choice("vllm", H100, "attention_prefill_mla") == ""
     assert key_tile_choice("vllm", H100, "attention_decode") == ""

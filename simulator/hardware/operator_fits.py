@@ -77,13 +77,20 @@ KEY_TILES: dict[str, tuple[tuple[int, int, int], ...]] = {
                       (256, 128, 80)),
     "fa3_sm90_fp8": ((64, 192, 160), (96, 192, 128), (128, 128, 160), (192, 128, 160),
                      (256, 128, 128)),
+    "fmha_v2_sm90_bf16": ((64, 64, 256), (128, 64, 128), (256, 64, 64)),
+    "fmha_v2_sm90_fp8": ((128, 64, 256), (256, 64, 128)),
 }
 """``(largest head dimension, kBlockM, kBlockN)`` of a prefill-attention kernel's tiles
 (:attr:`OperatorFit.key_tiles`): FlashAttention-3 on SM90, causal, over a paged KV cache
 whose pages TMA cannot load (vLLM's 16-token blocks, SGLang's 1-token pages), for a 16-bit and
 an FP8 query and KV cache (vllm-project/flash-attention hopper/tile_size.h,
 ``tile_size_fwd_sm90``: 16-bit, head dim 128: 128 x 128 when causal; FP8: 128 x 160 with
-``paged_kv_non_TMA``)."""
+``paged_kv_non_TMA``); TensorRT-LLM's warp-specialised SM90 context kernels over a paged KV
+cache, 16-bit and E4M3, their query rows and keys per tile as the kernel names give them
+(NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/contextFusedMultiHeadAttention/cubin/
+fmha_cubin.h, ``fmha_v2_flash_attention_{bf16,e4m3}_<rows>_<keys>_S_q_paged_kv_<head
+dim>_tma_ws_sm90``: 16-bit 64 x 256 up to head dim 64, 64 x 128 up to 128, 64 x 64 above;
+E4M3 64 x 256 up to 128, 64 x 128 above)."""
 
 
 def key_tile_extra(table: str, head_dim: float) -> float:
@@ -190,7 +197,8 @@ class OperatorFit(Frozen):
         "TensorRT-LLM-gen context kernels, which vLLM runs on Blackwell, launch a "
         "persistent tile scheduler with a causal mask (flashinfer "
         "csrc/trtllm_fmha_kernel_launcher.cu: TileScheduler::Persistent, Causal)."))
-    key_tiles: Literal["", "fa3_sm90_bf16", "fa3_sm90_fp8"] = Field("", description=(
+    key_tiles: Literal["", "fa3_sm90_bf16", "fa3_sm90_fp8", "fmha_v2_sm90_bf16",
+                       "fmha_v2_sm90_fp8"] = Field("", description=(
         "Prefill attention (not MLA; '' off): the kernel's tile table by head dimension "
         "(simulator.hardware.operator_fits.KEY_TILES). A causal query block computes whole "
         "key blocks up to its last row, so each query row is charged the keys of "

@@ -143,20 +143,24 @@ sglang .../fused_moe_triton/, ``write_zeros_to_output``). TensorRT-LLM's CUTLASS
 gathers only its own rank's slots and writes nothing for the others
 (cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/, ``expandInputRowsKernel`` and
 ``finalizeMoeRoutingKernel`` skip experts outside the rank), so its fits are not."""
-KEY_TILE_ENGINES: dict[str, tuple[str, ...]] = {"vllm": HOPPER_TABLES, "sglang": HOPPER_TABLES}
-"""Engines (and their tables) whose prefill attention runs FlashAttention-3, offered its tile
-table (``OperatorFit.key_tiles``, :data:`simulator.hardware.operator_fits.KEY_TILES`) on the
-training shapes only: vLLM's FlashAttention backend and SGLang's default ``fa3`` backend on
-Hopper. The 16-bit family is offered the 16-bit table and the FP8-KV family the FP8 one."""
+KEY_TILE_ENGINES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "vllm": ("fa3_sm90", HOPPER_TABLES), "sglang": ("fa3_sm90", HOPPER_TABLES),
+    "trtllm": ("fmha_v2_sm90", HOPPER_TABLES)}
+"""Engines, their prefill kernel's tile tables (``OperatorFit.key_tiles``,
+:data:`simulator.hardware.operator_fits.KEY_TILES`) and the kernel tables they are offered on,
+on the training shapes only: FlashAttention-3 for vLLM's FlashAttention backend and SGLang's
+default ``fa3`` backend on Hopper, TensorRT-LLM's own SM90 context kernels. The 16-bit family
+is offered the 16-bit table and the FP8-KV family the FP8 one."""
 
 
 def key_tile_choice(engine: str, device: DeviceProfile, op: str) -> str:
     """The key-tile table (``OperatorFit.key_tiles``) the prefill-attention family ``op``
     (not MLA) of ``engine`` on ``device`` is offered, or ''."""
-    if (device.kernel_tables not in KEY_TILE_ENGINES.get(engine, ())
-            or not op.startswith("attention_prefill") or "mla" in op):
+    kernel, tables = KEY_TILE_ENGINES.get(engine, ("", ()))
+    if (device.kernel_tables not in tables or not op.startswith("attention_prefill")
+            or "mla" in op):
         return ""
-    return "fa3_sm90_fp8" if op.endswith("_kv_fp8") else "fa3_sm90_bf16"
+    return kernel + ("_fp8" if op.endswith("_kv_fp8") else "_bf16")
 
 
 CAUSAL_ENGINES = ("vllm", "trtllm", "sglang")
