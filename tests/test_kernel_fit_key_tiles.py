@@ -1,5 +1,5 @@
 """Prefill attention that computes whole key blocks up to the causal diagonal
-(``OperatorFit.key_tiles``, FlashAttention-3's SM90 tiles)."""
+(``OperatorFit.key_tiles``: FlashAttention-3's and TensorRT-LLM's SM90 tiles)."""
 
 from __future__ import annotations
 

@@ -93,6 +93,12 @@ dim>_tma_ws_sm90``: 16-bit 64 x 256 up to head dim 64, 64 x 128 up to 128, 64 x 
 E4M3 64 x 256 up to 128, 64 x 128 above)."""
 
 
+def takes_key_tiles(family: str) -> bool:
+    """Whether the operator family ``family`` may carry :attr:`OperatorFit.key_tiles`: prefill
+    attention, not MLA (whose prefill kernels the tables do not describe)."""
+    return family.startswith("attention_prefill") and "mla" not in family
+
+
 def key_tile_extra(table: str, head_dim: float) -> float:
     """Keys per query row a causal prefill kernel with :data:`KEY_TILES` ``table`` computes
     beyond the row's own causal keys, on average over its query blocks: a block of ``M``
@@ -202,9 +208,10 @@ class OperatorFit(Frozen):
         "Prefill attention (not MLA; '' off): the kernel's tile table by head dimension "
         "(simulator.hardware.operator_fits.KEY_TILES). A causal query block computes whole "
         "key blocks up to its last row, so each query row is charged the keys of "
-        "key_tile_extra beyond its causal pairs: at head dim 128, 63.5 (16-bit, 128 x 128 "
-        "tiles) or 127.5 (FP8, 128 x 160), which is 12 % / 25 % more work at a 1,024-token "
-        "prompt and under 2 % / 4 % at 8,192."))
+        "key_tile_extra beyond its causal pairs: at head dim 128, 63.5 (16-bit: "
+        "FlashAttention-3's 128 x 128 tiles, TensorRT-LLM's 64 x 128) or 127.5 (FP8: 128 x 160, "
+        "64 x 256), which is 12 % / 25 % more work at a 1,024-token prompt and under 2 % / 4 % "
+        "at 8,192."))
     head_dim_exp: float = Field(0.0, ge=-2, le=2, description=(
         "Attention: FLOPs and bytes are scaled by (head_dim / 128) ** head_dim_exp. The "
         "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
@@ -530,8 +537,7 @@ class OperatorFits(Frozen):
             if fit.per_group_ns and not family.startswith("moe"):
                 raise ValueError(f"fits.{family}.per_group_ns: only MoE families (moe*) "
                                  f"take it; got {fit.per_group_ns}")
-            if fit.key_tiles and not (family.startswith("attention_prefill")
-                                      and "mla" not in family):
+            if fit.key_tiles and not takes_key_tiles(family):
                 raise ValueError(f"fits.{family}.key_tiles: only prefill-attention families "
                                  f"(attention_prefill*, not MLA) take it; got "
                                  f"{fit.key_tiles!r}")

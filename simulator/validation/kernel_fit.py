@@ -36,7 +36,12 @@ from typing import Any
 import numpy as np
 
 from simulator.cost.roofline import causal_quantisation
-from simulator.hardware.operator_fits import WHOLE_CONTEXT, CollectiveCurve, OperatorFit
+from simulator.hardware.operator_fits import (
+    WHOLE_CONTEXT,
+    CollectiveCurve,
+    OperatorFit,
+    takes_key_tiles,
+)
 from simulator.hardware.profiles import DeviceProfile
 from simulator.runner.kernel_tables import (
     _pick_version,
@@ -157,8 +162,7 @@ def key_tile_choice(engine: str, device: DeviceProfile, op: str) -> str:
     """The key-tile table (``OperatorFit.key_tiles``) the prefill-attention family ``op``
     (not MLA) of ``engine`` on ``device`` is offered, or ''."""
     kernel, tables = KEY_TILE_ENGINES.get(engine, ("", ()))
-    if (device.kernel_tables not in tables or not op.startswith("attention_prefill")
-            or "mla" in op):
+    if device.kernel_tables not in tables or not takes_key_tiles(op):
         return ""
     return kernel + ("_fp8" if op.endswith("_kv_fp8") else "_bf16")
 
