@@ -15,6 +15,7 @@ from simulator.cost import BatchShape, InstanceCostModel
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import (
     KEY_TILES,
+    PACKED_KEY_TILES,
     OperatorFit,
     OperatorFits,
     key_tile_extra,
@@ -101,7 +102,9 @@ def test_the_step_charges_each_new_token_the_extra_keys(shape: BatchShape) -> No
     plain = _h100(PREFILL)._prefill_attention_op(shape)
     keyed = _h100(PREFILL.model_copy(update={"key_tiles": "fa3_sm90_fp8"})
                   )._prefill_attention_op(shape)
-    extra = 4 * 32 * 128 * shape.prefill_tokens * key_tile_extra("fa3_sm90_fp8", 128)
+    # Llama-3.1-8B: 32 query heads over 8 KV heads, packed 4 to a token in a block's rows.
+    extra = 4 * 32 * 128 * shape.prefill_tokens * key_tile_extra("fa3_sm90_fp8", 128, 4)
+    assert key_tile_extra("fa3_sm90_fp8", 128, 4) != key_tile_extra("fa3_sm90_fp8", 128)
     assert keyed[0] == pytest.approx(plain[0] + extra, rel=1e-12)
     assert keyed[1:] == plain[1:]
     # A longer prompt never costs less, and the step prices it.
@@ -111,7 +114,8 @@ def test_the_step_charges_each_new_token_the_extra_keys(shape: BatchShape) -> No
 
 def test_the_fit_charges_the_measured_shapes_the_same_extra_keys() -> None:
     """The kernel tables time ``sequences`` prompts of ``rows`` tokens: the fit's FLOPs are
-    the causal pairs' plus the extra keys of every row, per head dimension."""
+    the causal pairs' plus the extra keys of every row, per head dimension and query heads
+    per KV head."""
     seqs, rows, heads, kvh, hd = (np.array(v, dtype=float) for v in (
         [4, 1], [1024, 8192], [32, 16], [8, 4], [128, 64]))
     pairs = rows * (rows + 1) / 2
@@ -120,8 +124,8 @@ def test_the_fit_charges_the_measured_shapes_the_same_extra_keys() -> None:
                       np.zeros(2, dtype=bool), "t", tiles=(seqs, rows, heads, kvh, hd))
     keyed = PREFILL.model_copy(update={"key_tiles": "fa3_sm90_fp8"})
     got = flops(samples, keyed, np.arange(2))
-    want = [4 * h * d * s * (p + r * key_tile_extra("fa3_sm90_fp8", d))
-            for h, d, s, p, r in zip(heads, hd, seqs, pairs, rows, strict=True)]
+    want = [4 * h * d * s * (p + r * key_tile_extra("fa3_sm90_fp8", d, h / g))
+            for h, g, d, s, p, r in zip(heads, kvh, hd, seqs, pairs, rows, strict=True)]
     assert list(got) == pytest.approx(want, rel=1e-12)
     assert list(flops(samples, PREFILL, np.arange(2))) == list(samples.flops)
 
@@ -145,3 +149,46 @@ def test_key_tiles_are_refused_outside_prefill_attention() -> None:
     OperatorFits(source="t", fits={"attention_prefill_kv_fp8": keyed})
     with pytest.raises(ValidationError, match="key_tiles"):
         OperatorFit.model_validate({**PREFILL.model_dump(), "key_tiles": "fa2"})
+
+
+def _packed_pairs(tokens: int, past: int, group: int, tile_m: int, tile_n: int) -> int:
+    """Query-key pairs FlashAttention-3 computes for one KV head when it packs GQA: its rows
+    are (token, query head) pairs, row ``r`` of token ``r // group``, and each block of
+    ``tile_m`` rows takes whole key blocks up to the last token it holds."""
+    rows, keys = tokens * group, past + tokens
+    total = 0
+    for block in range(math.ceil(rows / tile_m)):
+        first, last = block * tile_m, min((block + 1) * tile_m, rows)
+        last_token = (last - 1) // group
+        blocks = min(math.ceil((past + last_token + 1) / tile_n), math.ceil(keys / tile_n))
+        total += (last - first) * blocks * tile_n
+    return total
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(PACKED_KEY_TILES)), st.sampled_from([64, 128, 256]),
+       st.integers(1, 24), st.integers(1, 3), st.integers(0, 4096))
+def test_packed_gqa_rows_compute_the_extra_keys_of_their_blocks(
+        table: str, head_dim: int, group: int, periods: int, past: int) -> None:
+    """With the query heads of a KV head packed into a block's rows, a block spans
+    ``tile_m / group`` tokens: over whole periods of blocks and key rounding the pairs
+    computed are the causal pairs of every (token, head) row plus ``key_tile_extra`` per row,
+    exactly, with or without cached context."""
+    _, tile_m, tile_n = next(r for r in KEY_TILES[table] if head_dim <= r[0])
+    tokens = periods * math.lcm(tile_m, group * tile_n) // group
+    past = past // tile_n * tile_n
+    exact = group * (tokens * past + tokens * (tokens + 1) // 2)
+    computed = _packed_pairs(tokens, past, group, tile_m, tile_n)
+    assert computed == pytest.approx(
+        exact + tokens * group * key_tile_extra(table, head_dim, group), rel=1e-12)
+
+
+def test_only_flashattention3_packs_and_one_head_is_the_unpacked_charge() -> None:
+    assert {"fa3_sm90_bf16", "fa3_sm90_fp8"} == PACKED_KEY_TILES
+    for table in KEY_TILES:
+        assert key_tile_extra(table, 128, 1) == key_tile_extra(table, 128)
+    # FP8 at head dim 128 (128 x 160): 16 tokens per block at 8 heads per KV head.
+    assert key_tile_extra("fa3_sm90_fp8", 128, 8) == (15 + 160 - 16) / 2
+    assert key_tile_extra("fa3_sm90_fp8", 128, 8) < key_tile_extra("fa3_sm90_fp8", 128)
+    # TensorRT-LLM's kernels run one head per block: the group changes nothing.
+    assert key_tile_extra("fmha_v2_sm90_fp8", 128, 8) == key_tile_extra("fmha_v2_sm90_fp8", 128)

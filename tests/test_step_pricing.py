@@ -205,7 +205,7 @@ class Reference(InstanceCostModel):
             keys = longest + (b.prefill_kv_tokens - tokens) if seqs <= 1 else longest
             quant = causal_quantisation(quant, causal_share(
                 self.device.sm_count, fit.tile_m, heads, longest, keys, pairs), fit.causal_tail)
-        extra = (key_tile_extra(fit.key_tiles, m.head_dim)
+        extra = (key_tile_extra(fit.key_tiles, m.head_dim, heads / self.kv_heads_per_device)
                  if fit is not None and fit.key_tiles and m.attention != "mla" else 0.0)
         batch = (per_pair * (pairs + tokens * extra), nbytes, seqs * heads, float(quant))
         if fit is None or seqs <= 1:

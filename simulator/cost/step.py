@@ -167,9 +167,10 @@ class InstanceCostModel(OperatorPricing):
         self._prefill_flops_scale = (None if self._prefill_scale is None or prefill is None
                                      else prefill.flops_scale(m.head_dim))
         # Keys per query row past the causal pairs of a kernel's whole key blocks.
-        self._prefill_key_extra = (key_tile_extra(prefill.key_tiles, m.head_dim)
-                                   if prefill is not None and prefill.key_tiles
-                                   and m.attention != "mla" else 0.0)
+        # (A kernel that packs GQA holds a KV head's query heads in one block's rows.)
+        self._prefill_key_extra = (
+            key_tile_extra(prefill.key_tiles, m.head_dim, self._q_heads / self._kvh)
+            if prefill is not None and prefill.key_tiles and m.attention != "mla" else 0.0)
 
     def _operator_fits(self) -> dict[str, OperatorFit]:
         """Fitted roofline per operator label (labels without a fit use device-wide factors)."""

@@ -93,23 +93,61 @@ dim>_tma_ws_sm90``: 16-bit 64 x 256 up to head dim 64, 64 x 128 up to 128, 64 x 
 E4M3 64 x 256 up to 128, 64 x 128 above)."""
 
 
+PACKED_KEY_TILES = frozenset({"fa3_sm90_bf16", "fa3_sm90_fp8"})
+"""The :data:`KEY_TILES` whose kernel packs the query heads of a KV head into one block's rows
+(:func:`key_tile_extra`'s ``group``): FlashAttention-3 always packs GQA over a paged KV cache
+TMA cannot load and for variable-length batches, as the engines run it
+(vllm-project/flash-attention hopper/flash_api.cpp ``get_pack_gqa``, hopper/heuristics.h
+``should_pack_gqa``). TensorRT-LLM's context kernels run one head per block."""
+
+
 def takes_key_tiles(family: str) -> bool:
     """Whether the operator family ``family`` may carry :attr:`OperatorFit.key_tiles`: prefill
     attention, not MLA (whose prefill kernels the tables do not describe)."""
     return family.startswith("attention_prefill") and "mla" not in family
 
 
-def key_tile_extra(table: str, head_dim: float) -> float:
+def key_tile_extra(table: str, head_dim: float, group: float = 1.0) -> float:
     """Keys per query row a causal prefill kernel with :data:`KEY_TILES` ``table`` computes
     beyond the row's own causal keys, on average over its query blocks: a block of ``M``
     rows computes whole blocks of ``N`` keys up to its last row, ``(M - 1) / 2`` keys past
     the diagonal per row and on average ``(N - gcd(M, N)) / 2`` more for the last key block
     rounded up. Exact for every prompt of whole query blocks whose count is a multiple of
     ``N / gcd(M, N)``; a prompt shorter than its last key block is charged up to that
-    block's rounding above what its kernel computes."""
+    block's rounding above what its kernel computes.
+
+    ``group``: query heads per KV head. A kernel that packs GQA (:data:`PACKED_KEY_TILES`)
+    places them in the rows of one block, one token's heads after the other, so a block of
+    ``M`` rows spans ``M / group`` tokens (:func:`packed_key_extra`); the others ignore it."""
     rows = KEY_TILES[table]
     _, tile_m, tile_n = next((r for r in rows if head_dim <= r[0]), rows[-1])
-    return ((tile_m - 1) + (tile_n - math.gcd(tile_m, tile_n))) / 2.0
+    heads = max(1, round(group)) if table in PACKED_KEY_TILES else 1
+    if heads == 1:
+        return ((tile_m - 1) + (tile_n - math.gcd(tile_m, tile_n))) / 2.0
+    return packed_key_extra(tile_m, tile_n, heads)
+
+
+def packed_key_extra(tile_m: int, tile_n: int, group: int) -> float:
+    """:func:`key_tile_extra` of a kernel whose ``tile_m`` query rows are packed
+    ``(token, query head of the KV head)`` pairs (FlashAttention-3 PackGQA: row ``r`` is
+    token ``r // group``): each block computes whole ``tile_n``-key blocks up to the last
+    token it holds, so a row of token ``t`` in block ``b`` computes ``ceil((T_b + 1) / N) N``
+    keys, ``T_b = ((b + 1) M - 1) // group``, where ``t + 1`` are causal. The average over
+    one period of ``lcm(M, group N)`` rows, where both the blocks and the key rounding
+    repeat, is exact for prompts of whole periods, as the closed form of one head is."""
+    m, n, g = tile_m, tile_n, group
+    period = math.lcm(m, g * n)
+
+    def tokens_before(rows: int) -> int:  # sum of r // g over rows 0 .. rows - 1
+        q, rest = divmod(rows, g)
+        return g * q * (q - 1) // 2 + q * rest
+
+    extra = 0
+    for b in range(period // m):
+        last = ((b + 1) * m - 1) // g
+        keys = -(-(last + 1) // n) * n  # whole key blocks up to the block's last token
+        extra += m * (keys - 1) - (tokens_before((b + 1) * m) - tokens_before(b * m))
+    return extra / period
 
 
 class OperatorFit(Frozen):

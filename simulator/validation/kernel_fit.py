@@ -37,6 +37,7 @@ import numpy as np
 
 from simulator.cost.roofline import causal_quantisation
 from simulator.hardware.operator_fits import (
+    PACKED_KEY_TILES,
     WHOLE_CONTEXT,
     CollectiveCurve,
     OperatorFit,
@@ -463,16 +464,20 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     # Prefill attention: without and with a kernel's whole key blocks (OperatorFit.key_tiles).
     keys = ("", key_tiles) if key_tiles and family.prefill else ("",)
     for (samples, unit), l2, others, key in itertools.product(variants, l2s, remotes, keys):
+        # FlashAttention-3's tiles come with its GQA packing (PACKED_KEY_TILES): the
+        # causal fits too, which otherwise count one head per block.
+        packed = key in PACKED_KEY_TILES
         for tile_m, tile_n, split_k in tiles:
-            for pack in packs if tile_m else (False,):
+            for pack in ((True,) if packed else packs) if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack,
                                             l2=l2, remote=others, key_tiles=key))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
-                consider(samples, unit, fit(samples, device, tile_m, causal=True, l2=l2,
-                                            key_tiles=key))
+                consider(samples, unit, fit(samples, device, tile_m, pack_gqa=packed,
+                                            causal=True, l2=l2, key_tiles=key))
                 if family.head_dim is not None:  # the floor scales with the head dimension
-                    consider(samples, unit, fit(samples, device, tile_m, causal=True,
-                                                softmax=True, l2=l2, key_tiles=key))
+                    consider(samples, unit, fit(samples, device, tile_m, pack_gqa=packed,
+                                                causal=True, softmax=True, l2=l2,
+                                                key_tiles=key))
         if family.heads is not None and device.sm_count:  # OperatorFit.head_tile
             for rows in head_tiles:
                 consider(samples, unit, fit(samples, device, WHOLE_CONTEXT, l2=l2,

@@ -76,12 +76,17 @@ def flops(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> np.ndarray:
     """FLOPs of ``samples[idx]`` under ``fitted``: MLA decode attention's heads padded to
     whole query-row tiles (``OperatorFit.head_tile``); prefill attention's whole key blocks
     (``OperatorFit.key_tiles``: each measured shape is ``sequences`` prompts of ``rows``
-    tokens, 4 FLOPs per head dimension of each query-key pair)."""
+    tokens, 4 FLOPs per head dimension of each query-key pair; a kernel that packs GQA holds
+    the query heads of its tokens in a block's rows, :func:`key_tile_extra`)."""
     if fitted.head_tile and samples.heads is not None:
         return samples.flops[idx] * fitted.head_blocks(samples.heads[idx])[1]
     if fitted.key_tiles and samples.prefill and samples.tiles is not None:
-        seqs, rows, heads, _, head_dim = (a[idx] for a in samples.tiles)
-        extra = np.array([key_tile_extra(fitted.key_tiles, float(h)) for h in head_dim])
+        seqs, rows, heads, kv_heads, head_dim = (a[idx] for a in samples.tiles)
+        group = heads / kv_heads  # query heads per KV head: a packing kernel's block rows
+        keys = {(d, g): key_tile_extra(fitted.key_tiles, d, g)
+                for d, g in set(zip(head_dim.tolist(), group.tolist(), strict=True))}
+        extra = np.array([keys[d, g] for d, g in zip(head_dim.tolist(), group.tolist(),
+                                                     strict=True)])
         return samples.flops[idx] + 4.0 * heads * head_dim * seqs * rows * extra
     return samples.flops[idx]
 
