@@ -79,11 +79,33 @@ def test_an_exposed_share_adds_that_share_of_the_shorter_side() -> None:
         (c + 5e-6, m, 0.0), rel=1e-12)
 
 
+def test_prefill_attention_pays_its_exposed_share_of_the_kv_traffic() -> None:
+    """A prefill-attention fit with ``exposed`` adds that share of the shorter of compute and
+    memory (the K/V re-read under the tensor cores' work) to the operator the step model
+    prices, and the step costs more by it; the FLOPs, bytes and tiles stay the same."""
+    plain = FIT.model_copy(update={"half_units": 0.0})
+    shape = BatchShape.prefill(2048)
+    costs = [InstanceCostModel(M8, H100.model_copy(update={"operators": {"vllm": OperatorFits(
+        source="t", fits={"attention_prefill": fit})}}), engine="vllm", fitted=True)
+        for fit in (plain, EXPOSED)]
+    ops = [cost._prefill_attention_op(shape) for cost in costs]
+    assert ops[0] == ops[1]
+    flops, nbytes, units, quant = ops[0]
+    c, m = EXPOSED.parts(costs[1]._peak16, costs[1]._bw, flops, nbytes, units, quant)
+    priced = [cost._roofline("attention_prefill", flops, nbytes, 1, units, 0.0, quant)
+              for cost in costs]
+    assert sum(priced[1]) - sum(priced[0]) == pytest.approx(0.4 * min(c, m), rel=1e-9)
+    assert costs[1].step(shape).seconds > costs[0].step(shape).seconds
+
+
 def test_the_new_terms_are_refused_on_families_that_do_not_price_them() -> None:
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match=r"attention_decode\.exposed: only GEMM and MoE"):
+    with pytest.raises(ValidationError,
+                       match=r"attention_decode\.exposed: only GEMM, MoE and prefill-attention"):
         OperatorFits(source="t", fits={"attention_decode": EXPOSED})
+    OperatorFits(source="t", fits={"attention_prefill": EXPOSED,
+                                   "attention_prefill_kv_fp8": EXPOSED})
     with pytest.raises(ValidationError, match=r"gemm\.per_group_ns: only MoE"):
         OperatorFits(source="t", fits={"gemm": FIT.model_copy(update={"per_group_ns": 100.0})})
     OperatorFits(source="t", fits={"gemm_fp8": EXPOSED, "moe": FIT.model_copy(

@@ -37,6 +37,7 @@ import numpy as np
 
 from simulator.cost.roofline import causal_quantisation
 from simulator.hardware.operator_fits import (
+    EXPOSED_FAMILIES,
     PACKED_KEY_TILES,
     WHOLE_CONTEXT,
     CollectiveCurve,
@@ -199,9 +200,6 @@ _GROUP_START = [-1.0, -1.0, 0.0, math.log(0.375 / 1.125), -2.0]
 ``row_overlap`` 0.5, ``group_memory`` 0.875, ``group_q_rows`` 0.12."""
 _KERNEL_START = [math.log(5.0), math.log(0.1 / 1.9)]
 """Starts of ``log(group_floor_us)`` (5 us) and of the ``group_step`` logit (0.1)."""
-EXPOSED_FAMILIES = ("gemm", "moe")
-"""Families offered ``OperatorFit.exposed`` (the share of the shorter of compute and memory
-their kernel does not hide), on their training shapes only, once their tiles are chosen."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -338,8 +336,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     ``remote``, the per-row work of the token slots routed to other ranks
     (``OperatorFit.remote_slots``); MLA decode attention with ``head_tile``, its heads as
     padded query-row tiles of a kernel that does not split the context (``tile_m``
-    :data:`WHOLE_CONTEXT`, ``OperatorFit.head_tile``); a GEMM-like family with ``exposed``,
-    the share of the shorter of compute and memory its kernel leaves exposed
+    :data:`WHOLE_CONTEXT`, ``OperatorFit.head_tile``); a GEMM-like or prefill-attention
+    family with ``exposed``, the share of the shorter of compute and memory its kernel
+    leaves exposed
     (``OperatorFit.exposed``); a MoE family with ``per_group``, its time per expert hit
     (``OperatorFit.per_group_ns``); prefill attention with ``key_tiles``, the whole key
     blocks of a kernel's tile table (``OperatorFit.key_tiles``)."""
@@ -535,15 +534,17 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                     l2=chosen.l2_speedup != 1.0, remote=chosen.remote_slots))
     if exposed and family.op.startswith(EXPOSED_FAMILIES) and family.tiles is not None:
         kept = best[2]  # the chosen tiles and fixed work, with the new terms fitted
-        # (exposed, per_group): GEMMs the exposed share; MoE also a time per expert, and both.
+        # (exposed, per_group): GEMMs and prefill attention (with its causal terms and key
+        # blocks) the exposed share; MoE also a time per expert, and both.
         offers = (((True, False), (False, True), (True, True)) if family.op.startswith("moe")
                   else ((True, False),))
         for share, groups in offers:
             consider(best[1], kept.row_unit, fit(
                 best[1], device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
                 kept.pack_gqa, kept.tile_dispatch, moe_kernel=kept.moe_kernel,
+                causal=bool(kept.causal_tail), softmax=bool(kept.softmax_dim),
                 l2=kept.l2_speedup != 1.0, remote=kept.remote_slots, exposed=share,
-                per_group=groups))
+                per_group=groups, key_tiles=kept.key_tiles))
     return best[1], best[2]
 
 
