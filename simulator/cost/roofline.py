@@ -111,7 +111,8 @@ def prefill_tiles(seqs: Any, rows: Any, heads: Any, kv_heads: Any, head_dim: Any
     never for MHA; hopper/heuristics.h ``should_pack_gqa``, flash_api.cpp ``get_pack_gqa``),
     so a block covers ``rows * heads / kv_heads`` rows of one (sequence, KV head) and short
     prompts of a GQA model fill their blocks. Whether a device's kernels pack is chosen by
-    the fit (``OperatorFit.pack_gqa``)."""
+    the fit (``OperatorFit.pack_gqa``), and always taken with FlashAttention-3's whole key
+    blocks (``operator_fits.PACKED_KEY_TILES``)."""
     if pack_gqa:
         return seqs * kv_heads, rows * heads / kv_heads, 1.0, head_dim
     return seqs * heads, rows, 1.0, head_dim

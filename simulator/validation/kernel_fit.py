@@ -432,7 +432,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     query rows per block an MLA decode kernel without split-KV may take
     (:data:`HEAD_TILE_CHOICES`, ``OperatorFit.head_tile``); ``key_tiles``, a prefill kernel's
     tile table (:data:`KEY_TILE_ENGINES`, ``OperatorFit.key_tiles``): every prefill choice
-    is also fitted with its whole key blocks.
+    is also fitted with its whole key blocks, FlashAttention-3's with its GQA packing
+    (:data:`PACKED_KEY_TILES`).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
