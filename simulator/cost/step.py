@@ -27,7 +27,12 @@ from simulator.cost.roofline import (
     decode_units,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import OperatorFit, key_tile_extra, moe_kernel_family
+from simulator.hardware.operator_fits import (
+    OperatorFit,
+    key_tile_extra,
+    moe_config_family,
+    moe_kernel_family,
+)
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
@@ -200,6 +205,12 @@ class InstanceCostModel(OperatorPricing):
         kernel = moe_kernel_family(self.engine, self.model.architecture,
                                    low.removeprefix("_") or "bf16")
         moe = fits.get(base + kernel) if base and kernel else None
+        if moe is None and base == "moe":  # SGLang's Triton MoE: a tuned config or its default
+            m, par = self.model, self.parallelism
+            tuned = moe_config_family(self.engine, self.device.kernel_tables,
+                                      (m.num_experts + self.redundant_experts) / par.ep,
+                                      m.moe_intermediate_size / par.expert_tp)
+            moe = fits.get(base + tuned) if tuned else None
         moe = moe or fits.get(base)
         if moe is not None:
             out["moe"] = moe

@@ -25,11 +25,13 @@ OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "at
                         "attention_prefill_kv_fp8", "attention_decode_kv_fp8",
                         "attention_prefill_mla", "attention_decode_mla",
                         "attention_prefill_mla_kv_fp8", "attention_decode_mla_kv_fp8",
-                        "moe", "moe_fp8", "moe_flashinfer_trtllm", "elementwise"]
+                        "moe", "moe_fp8", "moe_flashinfer_trtllm", "moe_tuned", "elementwise"]
 """``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit);
 ``*_mla``: multi-head latent attention (DeepSeek-V2/V3), whose kernels are not the GQA ones;
 ``moe_flashinfer_trtllm``: BF16 experts on FlashInfer's TensorRT-LLM fused MoE, which SGLang
-runs for some architectures on Blackwell (:func:`moe_kernel_family`)."""
+runs for some architectures on Blackwell (:func:`moe_kernel_family`); ``moe_tuned``: BF16
+experts on SGLang's Triton fused MoE where the engine ships a tuned kernel configuration for
+the layout (:data:`SGLANG_TUNED_MOE_CONFIGS`), ``moe`` where it falls back to its default."""
 
 SGLANG_FLASHINFER_TRTLLM_MOE: dict[str, tuple[str, ...]] = {
     "Qwen3MoeForCausalLM": ("bf16", "fp8", "fp4"),
@@ -51,6 +53,62 @@ aiconfigurator-core 0.12.0 systems/data/{b200_sxm,gb200}/moe/sglang/0.5.14/moe_p
 the Qwen3 and Qwen3.5 MoE layouts on ``sglang_flashinfer_trtllm_moe``, Mixtral, Llama-4 and
 Gemma-4 on ``sglang_fused_moe_triton``. GLM-5 (``GlmMoeDsaForCausalLM``) is listed from the
 tables, which time its BF16 experts on the TensorRT-LLM kernel."""
+
+
+SGLANG_TUNED_MOE_CONFIGS: dict[str, frozenset[tuple[int, int]]] = {
+    "h100_sxm": frozenset({
+        (1, 3072), (8, 1792), (8, 2048), (8, 3584), (8, 4096), (8, 7168), (16, 1024),
+        (16, 1344), (16, 1856), (16, 2048), (16, 2688), (20, 2048), (24, 1024), (32, 224),
+        (32, 448), (32, 896), (32, 928), (32, 1792), (32, 1856), (64, 192), (64, 320),
+        (64, 384), (64, 464), (64, 640), (64, 768), (64, 928), (64, 1280), (64, 1536),
+        (64, 1856), (64, 2688), (65, 1536), (128, 192), (128, 232), (128, 352), (128, 384),
+        (128, 464), (128, 512), (128, 704), (128, 768), (128, 928), (128, 1344), (128, 1856),
+        (128, 2688), (144, 512), (256, 672), (256, 1344), (256, 2688), (512, 64), (512, 128),
+        (512, 336), (512, 672), (512, 1344), (512, 2688)}),
+    "h200_sxm": frozenset({
+        (8, 1792), (8, 2048), (8, 3584), (8, 4096), (8, 7168), (8, 14336), (16, 1024),
+        (20, 1536), (64, 320), (64, 640), (64, 1280), (64, 2560), (128, 192), (128, 384),
+        (128, 704), (128, 768), (129, 384), (161, 192), (512, 64), (512, 128), (512, 256)}),
+    "b200_sxm": frozenset({
+        (16, 1024), (16, 1856), (16, 2048), (32, 224), (32, 448), (32, 896), (32, 928),
+        (32, 1792), (32, 1856), (64, 192), (64, 384), (64, 464), (64, 768), (64, 928),
+        (64, 1536), (64, 1856), (64, 2688), (128, 232), (128, 352), (128, 464), (128, 704),
+        (128, 928), (128, 1344), (128, 1856), (128, 2688), (256, 256), (256, 512), (256, 672),
+        (256, 1344), (256, 2688), (512, 128), (512, 256), (512, 336), (512, 672), (512, 1344),
+        (512, 2688)}),
+    "a100_sxm": frozenset({
+        (1, 1792), (1, 3584), (1, 7168), (1, 14336), (8, 1792), (8, 2048), (8, 3584),
+        (8, 4096), (8, 7168), (16, 1344), (16, 1792), (16, 2688), (16, 3584), (16, 7168),
+        (16, 14336), (64, 640), (64, 1280), (257, 64)}),
+    "l40s": frozenset({(8, 3584), (128, 928), (128, 1856)}),
+}
+"""``(E, N)`` layouts for which SGLang ships a tuned configuration of its Triton fused-MoE
+kernel with unquantised (BF16/FP16) experts, per system of the kernel tables. ``E`` is the
+experts one rank holds (``w2.shape[0]``) and ``N`` the expert intermediate size per rank
+(``w2.shape[2]``, the intermediate size over the experts' TP). Read from the file names of
+the ``sglang`` 0.5.14 wheel on PyPI (the engine version of the tables),
+``sglang/srt/layers/moe/moe_runner/triton_utils/configs/triton_*/
+E={E},N={N},device_name={torch device name}.json``, every Triton-version folder: the engine
+looks in its own Triton version's folder first and then in the others, newest first, and
+otherwise uses ``get_default_config`` (64 x 64 x 32 blocks, or 16 x 32 x 64 where the tokens
+are at most ``E``) (``fused_moe_triton_config.py``, ``get_moe_configs``,
+``try_get_optimal_moe_config``). Device names: ``NVIDIA_H100_80GB_HBM3``, ``NVIDIA_H200``,
+``NVIDIA_B200``, ``NVIDIA_A100-SXM4-80GB``, ``NVIDIA_L40S``; the wheel has none for GB200.
+In the engine's H100 tables a tuned layout runs a median 27 % faster than the default
+configuration's curve predicts, so the two are fitted apart (``moe_tuned`` and ``moe``)."""
+
+
+def moe_config_family(engine: str | None, tables: str | None, experts: float,
+                      intermediate: float) -> str:
+    """``'_tuned'`` where ``engine`` runs its Triton fused MoE on the system ``tables`` with a
+    tuned configuration for ``experts`` experts per rank of ``intermediate`` columns per rank
+    (:data:`SGLANG_TUNED_MOE_CONFIGS`), else ''."""
+    if engine != "sglang" or tables is None:
+        return ""
+    key = (int(experts), int(intermediate))
+    if key != (experts, intermediate):
+        return ""
+    return "_tuned" if key in SGLANG_TUNED_MOE_CONFIGS.get(tables, frozenset()) else ""
 
 
 def moe_kernel_family(engine: str | None, architecture: str, precision: str) -> str:

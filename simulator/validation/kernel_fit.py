@@ -39,6 +39,7 @@ from simulator.cost.roofline import causal_quantisation
 from simulator.hardware.operator_fits import (
     EXPOSED_FAMILIES,
     PACKED_KEY_TILES,
+    SGLANG_TUNED_MOE_CONFIGS,
     WHOLE_CONTEXT,
     CollectiveCurve,
     OperatorFit,
@@ -142,6 +143,11 @@ time the Qwen3 and Qwen3.5 MoE layouts on FlashInfer's TensorRT-LLM MoE and the 
 Triton fused MoE, which one curve missed by about +27 % and -32 % (B200 median); the step
 model picks the family by SGLang's own rule
 (:func:`simulator.hardware.operator_fits.moe_kernel_family`)."""
+TUNED_MOE_CONFIGS: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
+    "sglang": SGLANG_TUNED_MOE_CONFIGS}
+"""Per engine, the MoE layouts its Triton fused MoE runs with a tuned configuration, per system
+of the tables; their BF16 rows are fitted as the ``moe_tuned`` family and the others stay
+``moe`` (:func:`simulator.hardware.operator_fits.moe_config_family` picks for the step model)."""
 REMOTE_SLOT_ENGINES = ("vllm", "sglang")
 """Engines whose MoE fits are offered the other ranks' token slots (``OperatorFit.remote_slots``),
 on their training shapes only: both run the Triton fused-MoE kernel, which writes zeros for
@@ -549,7 +555,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     return best[1], best[2]
 
 
-def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | None = None
+def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | None = None,
+                 tuned: frozenset[tuple[int, int]] = frozenset()
                  ) -> tuple[Path | None, list[Samples]]:
     """The MoE samples of ``version``, else of the newest version holding gated-expert rows
     (TensorRT-LLM 1.3.0rc23's H100/H200 tables time only non-gated Nemotron layouts, so its
@@ -557,11 +564,11 @@ def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | No
     if not folder.is_dir():
         return None, []
     if version is not None and (folder / version / "moe_perf.parquet").is_file():
-        return folder / version, moe_samples(folder / version, kernels=kernels)
+        return folder / version, moe_samples(folder / version, kernels=kernels, tuned=tuned)
     versions = sorted((p for p in folder.iterdir() if (p / "moe_perf.parquet").is_file()),
                       key=lambda p: _version_key(p.name), reverse=True)
     for path in versions:
-        if found := moe_samples(path, kernels=kernels):
+        if found := moe_samples(path, kernels=kernels, tuned=tuned):
             return path, found
     return None, []
 
@@ -584,12 +591,13 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         used.append(f"mla/{engine}/{folder.name}")
         samples += mla_samples(folder)
     kernels = MOE_KERNEL_FAMILIES.get(engine)
-    folder, moe = _moe_version(base / "moe" / engine, version, kernels)
+    tuned = TUNED_MOE_CONFIGS.get(engine, {}).get(device.kernel_tables, frozenset())
+    folder, moe = _moe_version(base / "moe" / engine, version, kernels, tuned)
     rank0: dict[str, Samples] = {}
     if folder is not None:
         used.append(f"moe/{engine}/{folder.name}")
         samples += moe
-        rank0 = {s.op: s for s in moe_samples(folder, "rank0", kernels)}
+        rank0 = {s.op: s for s in moe_samples(folder, "rank0", kernels, tuned)}
     fits: dict[str, OperatorFit] = {}
     rows: list[dict[str, Any]] = []
     curves: list[CollectiveCurve] = []

@@ -335,7 +335,8 @@ def _rank0_load(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int
 
 
 def moe_samples(folder: Path, routing: str = "expected",
-                kernels: dict[str, str] | None = None) -> list[Samples]:
+                kernels: dict[str, str] | None = None,
+                tuned: frozenset[tuple[int, int]] = frozenset()) -> list[Samples]:
     """Gated MoE layers (:func:`gated_moe`) under balanced routing, BF16 and FP8.
 
     ``routing``: the load of the timed EP rank. ``expected``: the step model's, each token's
@@ -343,7 +344,10 @@ def moe_samples(folder: Path, routing: str = "expected",
     slots ``tokens x topk / ep``); ``rank0``: the collector's balanced routing on rank 0
     (:func:`balanced_rank0_load`). ``kernels``: ``kernel_source`` -> suffix; those rows form
     families of their own (``moe`` / ``moe_fp8`` + suffix), the others keep ``moe`` /
-    ``moe_fp8`` (:data:`simulator.validation.kernel_fit.MOE_KERNEL_FAMILIES`)."""
+    ``moe_fp8`` (:data:`simulator.validation.kernel_fit.MOE_KERNEL_FAMILIES`). ``tuned``: the
+    ``(experts per rank, intermediate size per rank)`` layouts the engine runs with a tuned
+    kernel configuration (:data:`simulator.hardware.operator_fits.SGLANG_TUNED_MOE_CONFIGS`);
+    their BF16 rows outside those kernels form the ``moe_tuned`` family."""
     path = folder / "moe_perf.parquet"
     if not path.is_file():
         return []
@@ -352,13 +356,21 @@ def moe_samples(folder: Path, routing: str = "expected",
     family = pd.Series("", index=mo.index)
     for source, suffix in (kernels or {}).items():
         family[mo["kernel_source"] == source] = suffix
+    if tuned:
+        layout = zip(mo["num_experts"] // mo["moe_ep_size"], mo["inter_size"] // mo["moe_tp_size"],
+                     strict=True)
+        hit = pd.Series([(int(e), int(n)) in tuned for e, n in layout], index=mo.index, dtype=bool)
+        hit &= ((mo["num_experts"] % mo["moe_ep_size"] == 0) & (mo["inter_size"] % mo["moe_tp_size"] == 0)
+                & (mo["moe_dtype"] == "bfloat16") & (family == ""))
+        family[hit] = "_tuned"
     mo = mo.assign(family=family)
     shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
              "moe_ep_size", "moe_dtype", "family"]
     mo = mo.groupby(shape)["latency"].min().reset_index()
     out = []
     for (dtype, precision), suffix in itertools.product(
-            (("bfloat16", "bf16"), ("fp8", "fp8")), ("", *sorted(set((kernels or {}).values())))):
+            (("bfloat16", "bf16"), ("fp8", "fp8")),
+            ("", *sorted(set((kernels or {}).values()) | ({"_tuned"} if tuned else set())))):
         p = mo[(mo["moe_dtype"] == dtype) & (mo["family"] == suffix)]
         if p.empty:
             continue
