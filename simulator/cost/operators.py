@@ -50,7 +50,7 @@ the 16-bit projection output to ``AllReduce`` with ``AllReduceFusionOp.RESIDUAL_
 The engines' measured all-reduce is keyed by elements: the collector reduces a 16-bit tensor
 of ``message_size`` elements (ai-dynamo/aiconfigurator ``collector/collect_all_reduce.py``,
 ``get_input_shape_and_comm_size``)."""
-WHOLE_LAYER_FITS = frozenset({"moe"})
+WHOLE_LAYER_FITS = frozenset({"moe", "moe_few_tokens"})
 """Operator labels whose fitted curve prices the whole operator as one measured call: the
 kernel tables time a routed-expert layer end to end (both grouped GEMMs, the activation and
 the combine in one ``moe_perf`` row; ai-dynamo/aiconfigurator ``collector/*/collect_moe.py``),
@@ -292,23 +292,24 @@ class OperatorPricing:
     # ----- operators -----------------------------------------------------------------
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
             label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
-            quant: float = 1.0, groups: float = 0.0) -> None:
+            quant: float = 1.0, groups: float = 0.0, fit_label: str | None = None) -> None:
         """The roofline of one operator, added ``times`` times to ``acc``.
 
         ``key`` describes the operator's shape for predictors that look it up in measured
         tables (:class:`simulator.cost.predictor.TablePredictor`); the roofline ignores it.
         ``units``, ``rows`` and ``quant`` (tile/wave FLOPs multiplier) feed the fitted
         per-operator curves (:class:`OperatorFit`); ``groups``, the experts a grouped MoE
-        GEMM walks (:meth:`OperatorFit.group_seconds`).
+        GEMM walks (:meth:`OperatorFit.group_seconds`); ``fit_label``, the fitted curve
+        when it is not ``label``'s (the MoE batches of SGLang's default Triton blocks).
         """
-        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant, groups),
-                   times, label)
+        acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant, groups,
+                                   fit_label), times, label)
 
     def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
-                  rows: float, quant: float = 1.0,
-                  groups: float = 0.0) -> tuple[float, float, float]:
+                  rows: float, quant: float = 1.0, groups: float = 0.0,
+                  fit_label: str | None = None) -> tuple[float, float, float]:
         """(compute, memory, launch) seconds of one operator."""
-        fit = self._fits.get(label)
+        fit = self._fits.get(fit_label or label)
         if fit is not None:
             peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
             # ``units`` input rows per GEMM (tokens), for each of the ``kernels`` GEMMs; each
@@ -464,16 +465,20 @@ class OperatorPricing:
         nbytes = touched * expert_params * self._wb + tokens_here * (2 * h + 2 * width) * self._hb
         # DP attention with an EP group exchanges tokens (DeepEP): a rank gets its own only.
         exchange = self.ep_group if par.dp > 1 else None
-        fit = self._fits.get("moe")
+        # SGLang's default Triton blocks differ while the rank's kernel sees at most as many
+        # tokens as it holds experts (OperatorFit families moe_few_tokens / moe).
+        label = ("moe_few_tokens" if "moe_few_tokens" in self._fits
+                 and group_tokens <= experts_here else "moe")
+        fit = self._fits.get(label)
         rows = tokens * h
         if fit is not None and exchange is None:
             # Without a token exchange every rank holds every token; a kernel that writes
             # every routed slot (OperatorFit.remote_slots) writes the other ranks' too.
             rows += fit.remote_rows(max(routed - tokens_here, 0.0), 2 * width, h)
         # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
-        quant = self._quant("moe", (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
+        quant = self._quant(label, (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
         self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, rows, float(quant),
-                 touched)
+                 touched, fit_label=label)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts

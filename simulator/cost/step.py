@@ -205,15 +205,20 @@ class InstanceCostModel(OperatorPricing):
         kernel = moe_kernel_family(self.engine, self.model.architecture,
                                    low.removeprefix("_") or "bf16")
         moe = fits.get(base + kernel) if base and kernel else None
+        few_tokens = None
         if moe is None and base == "moe":  # SGLang's Triton MoE: a tuned config or its default
             m, par = self.model, self.parallelism
-            tuned = moe_config_family(self.engine, self.device.kernel_tables,
-                                      (m.num_experts + self.redundant_experts) / par.ep,
-                                      m.moe_intermediate_size / par.expert_tp)
-            moe = fits.get(base + tuned) if tuned else None
+            config = moe_config_family(self.engine, self.device.kernel_tables,
+                                       (m.num_experts + self.redundant_experts) / par.ep,
+                                       m.moe_intermediate_size / par.expert_tp)
+            moe = fits.get("moe_tuned") if config == "_tuned" else None
+            # The default's batches of at most as many tokens as the rank has experts.
+            few_tokens = fits.get("moe_few_tokens") if config == "_default" else None
         moe = moe or fits.get(base)
         if moe is not None:
             out["moe"] = moe
+            if few_tokens is not None:
+                out["moe_few_tokens"] = few_tokens
         return out
 
     # ----- per-device shapes -------------------------------------------------------

@@ -25,13 +25,16 @@ OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "at
                         "attention_prefill_kv_fp8", "attention_decode_kv_fp8",
                         "attention_prefill_mla", "attention_decode_mla",
                         "attention_prefill_mla_kv_fp8", "attention_decode_mla_kv_fp8",
-                        "moe", "moe_fp8", "moe_flashinfer_trtllm", "moe_tuned", "elementwise"]
+                        "moe", "moe_fp8", "moe_flashinfer_trtllm", "moe_tuned", "moe_few_tokens",
+                        "elementwise"]
 """``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit);
 ``*_mla``: multi-head latent attention (DeepSeek-V2/V3), whose kernels are not the GQA ones;
 ``moe_flashinfer_trtllm``: BF16 experts on FlashInfer's TensorRT-LLM fused MoE, which SGLang
 runs for some architectures on Blackwell (:func:`moe_kernel_family`); ``moe_tuned``: BF16
 experts on SGLang's Triton fused MoE where the engine ships a tuned kernel configuration for
-the layout (:data:`SGLANG_TUNED_MOE_CONFIGS`), ``moe`` where it falls back to its default."""
+the layout (:data:`SGLANG_TUNED_MOE_CONFIGS`), ``moe`` where it falls back to its default,
+and ``moe_few_tokens`` on that default for batches of at most as many tokens as the rank has
+experts, where the default's blocks are others (:func:`moe_config_family`)."""
 
 SGLANG_FLASHINFER_TRTLLM_MOE: dict[str, tuple[str, ...]] = {
     "Qwen3MoeForCausalLM": ("bf16", "fp8", "fp4"),
@@ -94,21 +97,25 @@ otherwise uses ``get_default_config`` (64 x 64 x 32 blocks, or 16 x 32 x 64 wher
 are at most ``E``) (``fused_moe_triton_config.py``, ``get_moe_configs``,
 ``try_get_optimal_moe_config``). Device names: ``NVIDIA_H100_80GB_HBM3``, ``NVIDIA_H200``,
 ``NVIDIA_B200``, ``NVIDIA_A100-SXM4-80GB``, ``NVIDIA_L40S``; the wheel has none for GB200.
-In the engine's H100 tables a tuned layout runs a median 27 % faster than the default
-configuration's curve predicts, so the two are fitted apart (``moe_tuned`` and ``moe``)."""
+In the engine's H100 tables the single curve fitted over both priced the tuned layouts a
+median 29 % too slow on held-out shapes, so the two are fitted apart (``moe_tuned`` and
+``moe``)."""
 
 
 def moe_config_family(engine: str | None, tables: str | None, experts: float,
                       intermediate: float) -> str:
-    """``'_tuned'`` where ``engine`` runs its Triton fused MoE on the system ``tables`` with a
-    tuned configuration for ``experts`` experts per rank of ``intermediate`` columns per rank
-    (:data:`SGLANG_TUNED_MOE_CONFIGS`), else ''."""
-    if engine != "sglang" or tables is None:
+    """The kernel configuration ``engine`` runs its Triton fused MoE with on the system
+    ``tables`` for ``experts`` experts per rank of ``intermediate`` columns per rank:
+    ``'_tuned'`` where it ships a tuned one (:data:`SGLANG_TUNED_MOE_CONFIGS`), else
+    ``'_default'`` (SGLang's ``get_default_config``, whose blocks are 16 x 32 while a batch
+    has at most ``experts`` tokens and 64 x 64 above: the step model prices such batches with
+    the ``moe_few_tokens`` fit where the profile has one); '' for the other engines."""
+    if engine != "sglang":
         return ""
     key = (int(experts), int(intermediate))
-    if key != (experts, intermediate):
-        return ""
-    return "_tuned" if key in SGLANG_TUNED_MOE_CONFIGS.get(tables, frozenset()) else ""
+    if tables is None or key != (experts, intermediate):
+        return "_default"
+    return "_tuned" if key in SGLANG_TUNED_MOE_CONFIGS.get(tables, frozenset()) else "_default"
 
 
 def moe_kernel_family(engine: str | None, architecture: str, precision: str) -> str:

@@ -146,8 +146,10 @@ model picks the family by SGLang's own rule
 TUNED_MOE_CONFIGS: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
     "sglang": SGLANG_TUNED_MOE_CONFIGS}
 """Per engine, the MoE layouts its Triton fused MoE runs with a tuned configuration, per system
-of the tables; their BF16 rows are fitted as the ``moe_tuned`` family and the others stay
-``moe`` (:func:`simulator.hardware.operator_fits.moe_config_family` picks for the step model)."""
+of the tables; their BF16 rows are fitted as the ``moe_tuned`` family, the other layouts'
+batches of at most as many tokens as the rank has experts as ``moe_few_tokens`` and the rest
+stay ``moe`` (:func:`simulator.hardware.operator_fits.moe_config_family` picks for the step
+model)."""
 REMOTE_SLOT_ENGINES = ("vllm", "sglang")
 """Engines whose MoE fits are offered the other ranks' token slots (``OperatorFit.remote_slots``),
 on their training shapes only: both run the Triton fused-MoE kernel, which writes zeros for
@@ -556,7 +558,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
 
 
 def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | None = None,
-                 tuned: frozenset[tuple[int, int]] = frozenset()
+                 tuned: frozenset[tuple[int, int]] | None = None
                  ) -> tuple[Path | None, list[Samples]]:
     """The MoE samples of ``version``, else of the newest version holding gated-expert rows
     (TensorRT-LLM 1.3.0rc23's H100/H200 tables time only non-gated Nemotron layouts, so its
@@ -591,7 +593,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         used.append(f"mla/{engine}/{folder.name}")
         samples += mla_samples(folder)
     kernels = MOE_KERNEL_FAMILIES.get(engine)
-    tuned = TUNED_MOE_CONFIGS.get(engine, {}).get(device.kernel_tables, frozenset())
+    configs = TUNED_MOE_CONFIGS.get(engine)
+    tuned = None if configs is None else configs.get(device.kernel_tables or "", frozenset())
     folder, moe = _moe_version(base / "moe" / engine, version, kernels, tuned)
     rank0: dict[str, Samples] = {}
     if folder is not None:

@@ -336,7 +336,7 @@ def _rank0_load(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int
 
 def moe_samples(folder: Path, routing: str = "expected",
                 kernels: dict[str, str] | None = None,
-                tuned: frozenset[tuple[int, int]] = frozenset()) -> list[Samples]:
+                tuned: frozenset[tuple[int, int]] | None = None) -> list[Samples]:
     """Gated MoE layers (:func:`gated_moe`) under balanced routing, BF16 and FP8.
 
     ``routing``: the load of the timed EP rank. ``expected``: the step model's, each token's
@@ -347,7 +347,10 @@ def moe_samples(folder: Path, routing: str = "expected",
     ``moe_fp8`` (:data:`simulator.validation.kernel_fit.MOE_KERNEL_FAMILIES`). ``tuned``: the
     ``(experts per rank, intermediate size per rank)`` layouts the engine runs with a tuned
     kernel configuration (:data:`simulator.hardware.operator_fits.SGLANG_TUNED_MOE_CONFIGS`);
-    their BF16 rows outside those kernels form the ``moe_tuned`` family."""
+    their BF16 rows outside those kernels form the ``moe_tuned`` family. Given (even empty),
+    the engine's other BF16 Triton rows run its default configuration, whose blocks change
+    with the batch: those of at most as many tokens as the rank has experts form
+    ``moe_few_tokens`` (:func:`simulator.hardware.operator_fits.moe_config_family`)."""
     path = folder / "moe_perf.parquet"
     if not path.is_file():
         return []
@@ -356,13 +359,16 @@ def moe_samples(folder: Path, routing: str = "expected",
     family = pd.Series("", index=mo.index)
     for source, suffix in (kernels or {}).items():
         family[mo["kernel_source"] == source] = suffix
-    if tuned:
+    if tuned is not None:
         layout = zip(mo["num_experts"] // mo["moe_ep_size"], mo["inter_size"] // mo["moe_tp_size"],
                      strict=True)
         hit = pd.Series([(int(e), int(n)) in tuned for e, n in layout], index=mo.index, dtype=bool)
         hit &= ((mo["num_experts"] % mo["moe_ep_size"] == 0) & (mo["inter_size"] % mo["moe_tp_size"] == 0)
                 & (mo["moe_dtype"] == "bfloat16") & (family == ""))
+        few = ((mo["num_tokens"] <= mo["num_experts"] / mo["moe_ep_size"])
+               & (mo["moe_dtype"] == "bfloat16") & (family == "") & ~hit)
         family[hit] = "_tuned"
+        family[few] = "_few_tokens"
     mo = mo.assign(family=family)
     shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
              "moe_ep_size", "moe_dtype", "family"]
@@ -370,7 +376,8 @@ def moe_samples(folder: Path, routing: str = "expected",
     out = []
     for (dtype, precision), suffix in itertools.product(
             (("bfloat16", "bf16"), ("fp8", "fp8")),
-            ("", *sorted(set((kernels or {}).values()) | ({"_tuned"} if tuned else set())))):
+            ("", *sorted(set((kernels or {}).values())
+                         | ({"_few_tokens", "_tuned"} if tuned is not None else set())))):
         p = mo[(mo["moe_dtype"] == dtype) & (mo["family"] == suffix)]
         if p.empty:
             continue
