@@ -144,6 +144,24 @@ def test_oversize_configuration_names_device_need_and_fix() -> None:
     assert "raise tp or pp" in msg
 
 
+@pytest.mark.parametrize(("engine", "budget"), [
+    ("sglang", "the engine gives its weights and KV cache 69.6 GiB usable (79.1 GiB x 0.88)"),
+    ("trtllm", "but has 79.1 GiB usable (the whole device)"),
+    ("vllm", "but has 71.2 GiB usable (79.1 GiB x 0.9)")])
+def test_oversize_configuration_states_the_budget_of_the_engines_memory_convention(
+        engine: str, budget: str) -> None:
+    """Mixtral-8x7B's 87 GiB of BF16 weights on one H100: the error names the memory the
+    engine's convention leaves for weights and KV, which had read as the need itself
+    ("88.6 GiB usable (79.1 GiB x 0.88)") under SGLang's and TensorRT-LLM's conventions."""
+    sc = make_scenario(model="Mixtral-8x7B", engine=engine)
+    with pytest.raises(ConfigError) as exc:
+        Simulation(sc)
+    msg = str(exc.value)
+    assert "Mixtral-8x7B does not fit on H100-SXM with tp=1 pp=1" in msg
+    assert budget in msg
+    assert "GiB usable" in msg
+
+
 def test_pp_across_nodes_uses_network_for_activations() -> None:
     cost = tp_cost(parallelism={"tp": 8, "pp": 2})
     assert cost.links.pp is not None

@@ -213,7 +213,8 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                      for c in costs]
         mem = plan_for(model, r, par)
         if mem.weight_bytes + mem.activation_bytes >= mem.usable_bytes:
-            raise MemoryFitError(memory_error(model, dev, par, mem, r.precisions.weights, r.util),
+            raise MemoryFitError(memory_error(model, dev, par, mem, r.precisions.weights, r.util,
+                                              r.engine.memory_fraction_of),
                                  file=file, key=f"{key}.parallelism")
         if mem.kv_capacity_blocks < 1:
             raise MemoryFitError(

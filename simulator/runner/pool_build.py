@@ -79,14 +79,27 @@ def instance_links(placement: Placement, par: Parallelism, file: str | None,
 
 
 def memory_error(model: ModelConfig, dev: DeviceProfile, par: Parallelism, mem: MemoryPlan,
-                 precision: str, util: float) -> str:
+                 precision: str, util: float, convention: str = "device") -> str:
+    """Why ``model`` leaves no KV cache on ``dev``: the need per device against the budget
+    the engine's memory convention (``ServingEngineProfile.memory_fraction_of``) gives it.
+    ``device`` and ``weights_and_kv``: ``util`` of the device holds the weights (and, for
+    ``device``, the activations); ``free_after_weights``: the whole device does, ``util``
+    being the share of what is left that goes to the KV cache."""
     need = mem.weight_bytes + mem.activation_bytes
+    cap = dev.memory_capacity_gib
+    if convention == "free_after_weights":
+        verdict = f"but has {cap:.1f} GiB usable (the whole device) for them and the KV cache"
+    elif convention == "weights_and_kv":
+        verdict = (f"and the engine gives its weights and KV cache {cap * util:.1f} GiB usable "
+                   f"({cap:g} GiB x {util:g}), too little for the weights alone")
+    else:
+        verdict = (f"but has {cap * util:.1f} GiB usable ({cap:g} GiB x {util:g}) for them and "
+                   "the KV cache")
     return (
         f"{model.name} does not fit on {dev.name} with tp={par.tp} pp={par.pp}: each device "
         f"needs {mem.weight_bytes / GIB:.1f} GiB of {precision} weights + "
         f"{mem.activation_bytes / GIB:.1f} GiB activations/runtime = {need / GIB:.1f} GiB, "
-        f"but has {mem.usable_bytes / GIB:.1f} GiB usable ({dev.memory_capacity_gib:g} GiB x "
-        f"{util:g}); raise tp or pp, use lower-precision weights, or a larger device"
+        f"{verdict}; raise tp or pp, use lower-precision weights, or a larger device"
     )
 
 
