@@ -560,42 +560,18 @@ def test_the_shipped_sglang_flashinfer_trtllm_moe_fits_price_held_out_layouts(
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("device", ["H100-SXM", "H200-SXM", "B200", "A100-SXM-80GB"])
-def test_the_shipped_sglang_tuned_moe_fits_price_held_out_layouts(device: str) -> None:
-    """SGLang 0.5.14's BF16 layouts with a tuned Triton configuration, on the shapes held out
-    of the fit: the single curve fitted over tuned and default configurations priced them a
-    median 29-44 % too slow."""
-    from simulator.runner.kernel_tables import tables_root
-    from simulator.validation.kernel_fit import (
-        MOE_KERNEL_FAMILIES,
-        TUNED_MOE_CONFIGS,
-        _moe_version,
-        evaluate,
-    )
-
-    dev = load_device(device)
-    root = tables_root()
-    assert root is not None
-    assert dev.kernel_tables is not None
-    kernels = MOE_KERNEL_FAMILIES["sglang"]
-    tuned = TUNED_MOE_CONFIGS["sglang"][dev.kernel_tables]
-    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "sglang", "0.5.14", kernels,
-                             tuned)
-    assert folder is not None
-    # Every tuned fit chose the load the collector's balanced routing puts on the timed rank.
-    (fam,) = [s for s in moe_samples(folder, "rank0", kernels, tuned) if s.op == "moe_tuned"]
-    scored = evaluate(fam, dev, dev.operators["sglang"].fits["moe_tuned"])
-    assert scored["median_ape_after"] <= 10.0
-
-
-@pytest.mark.kernels
-@pytest.mark.parametrize("device", ["H100-SXM", "H200-SXM", "B200", "GB200-NVL72",
-                                    "A100-SXM-80GB", "L40S"])
-def test_the_shipped_sglang_few_token_moe_fits_price_held_out_layouts(device: str) -> None:
-    """SGLang's default Triton configuration at batches of at most as many tokens as the rank
-    has experts (16 x 32 blocks), on the shapes held out of the fit: one curve over all the
-    default configuration's batches priced the H100 ones at EP 1 +21 ... +29 % too slow
-    (median per batch size of 1 to 128 tokens)."""
+@pytest.mark.parametrize(("family", "device"), [
+    *(("moe_tuned", d) for d in ("H100-SXM", "H200-SXM", "B200", "A100-SXM-80GB")),
+    *(("moe_few_tokens", d) for d in ("H100-SXM", "H200-SXM", "B200", "GB200-NVL72",
+                                      "A100-SXM-80GB", "L40S"))])
+def test_the_shipped_sglang_triton_config_moe_fits_price_held_out_layouts(
+        family: str, device: str) -> None:
+    """SGLang 0.5.14's BF16 Triton MoE on the shapes held out of the fit: the layouts with a
+    tuned configuration (``moe_tuned``), which the single curve fitted over tuned and default
+    configurations priced a median 29-44 % too slow, and the default configuration's batches
+    of at most as many tokens as the rank has experts (``moe_few_tokens``, 16 x 32 blocks),
+    which one curve over all the default's batches priced +21 ... +29 % too slow at EP 1 on
+    H100 (median per batch size of 1 to 128 tokens)."""
     from simulator.runner.kernel_tables import tables_root
     from simulator.validation.kernel_fit import (
         MOE_KERNEL_FAMILIES,
@@ -613,9 +589,10 @@ def test_the_shipped_sglang_few_token_moe_fits_price_held_out_layouts(device: st
     folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "sglang", "0.5.14", kernels,
                              tuned)
     assert folder is not None
-    (fam,) = [s for s in moe_samples(folder, "rank0", kernels, tuned)
-              if s.op == "moe_few_tokens"]
-    scored = evaluate(fam, dev, dev.operators["sglang"].fits["moe_few_tokens"])
+    # Every one of these fits chose the load the collector's balanced routing puts on the
+    # timed rank.
+    (fam,) = [s for s in moe_samples(folder, "rank0", kernels, tuned) if s.op == family]
+    scored = evaluate(fam, dev, dev.operators["sglang"].fits[family])
     assert scored["median_ape_after"] <= 10.0
 
 
