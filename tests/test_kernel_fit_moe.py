@@ -378,6 +378,48 @@ def test_sglang_prices_a_few_token_batch_on_the_default_blocks_fit() -> None:
     assert moe_ms(8, engine="vllm") < floors
 
 
+def test_moe_samples_take_the_fp8_dtype_an_engines_tables_time(tmp_path: Path) -> None:
+    """SGLang's tables time FP8 experts block-scaled (``fp8_block``): with that dtype those
+    rows form ``moe_fp8``; by default (per-tensor ``fp8``, vLLM and TensorRT-LLM) they are
+    not read."""
+    rows = [("sglang_fused_moe_triton", dtype, t, 2048, 768, 8, 128, 1, 1, "balanced", 0.1 * t)
+            for t in (1, 4, 64) for dtype in ("bfloat16", "fp8_block")]
+    _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+    assert [s.op for s in moe_samples(tmp_path)] == ["moe"]
+    block = {s.op: s for s in moe_samples(tmp_path, fp8_dtype="fp8_block")}
+    assert sorted(block) == ["moe", "moe_fp8"]
+    assert block["moe_fp8"].precision == "fp8"
+    assert len(block["moe_fp8"].seconds) == 3
+
+
+def test_sglang_fp8_experts_with_deepep_leave_the_triton_fit() -> None:
+    """SGLang runs FP8 experts on its Triton fused MoE with TP attention, and on DeepGEMM with
+    DeepEP (data-parallel attention), which its tables do not time: DeepSeek-V3's
+    ``moe_fp8`` fit prices EP 8 under TP attention, not DP 8 with DeepEP; vLLM keeps its fit."""
+    from simulator.cost import InstanceCostModel, LinkSet
+    from simulator.cost.moe_comm import EPGroup
+    from simulator.cost.parallel import Parallelism, Precisions
+    from simulator.hardware import load_link
+    from simulator.hardware.operator_fits import OperatorFits
+
+    fp8 = OperatorFit(compute=0.3, half_flops=0.0, memory=0.6, half_bytes=0.0, floor_us=0.0)
+    device = H100.model_copy(update={"operators": {
+        engine: OperatorFits(source="t", fits={"moe_fp8": fp8}) for engine in ("sglang", "vllm")}})
+    nvl, ib = load_link("nvlink4"), load_link("ib-ndr")
+    dsv3, precisions = get_model("DeepSeek-V3"), Precisions("fp8", "fp8", "bf16")
+
+    def fit(dp: int, engine: str = "sglang") -> OperatorFit | None:
+        par = Parallelism(8 // dp, 1, 8, dp=dp)
+        return InstanceCostModel(dsv3, device, par, precisions,
+                                 LinkSet(tp=nvl if par.tp > 1 else None),
+                                 ep_group=EPGroup(8, 8, nvl, ib) if dp > 1 else None,
+                                 engine=engine, fitted=True)._fits.get("moe")
+
+    assert fit(1) is fp8
+    assert fit(8) is None
+    assert fit(8, "vllm") is fp8
+
+
 MIXTRAL = get_model("Mixtral-8x7B")
 
 
@@ -563,7 +605,8 @@ def test_the_shipped_sglang_flashinfer_trtllm_moe_fits_price_held_out_layouts(
 @pytest.mark.parametrize(("family", "device"), [
     *(("moe_tuned", d) for d in ("H100-SXM", "H200-SXM", "B200", "A100-SXM-80GB")),
     *(("moe_few_tokens", d) for d in ("H100-SXM", "H200-SXM", "B200", "GB200-NVL72",
-                                      "A100-SXM-80GB", "L40S"))])
+                                      "A100-SXM-80GB", "L40S")),
+    *(("moe_fp8", d) for d in ("H100-SXM", "H200-SXM", "B200", "GB200-NVL72"))])
 def test_the_shipped_sglang_triton_config_moe_fits_price_held_out_layouts(
         family: str, device: str) -> None:
     """SGLang 0.5.14's BF16 Triton MoE on the shapes held out of the fit: the layouts with a
@@ -571,9 +614,11 @@ def test_the_shipped_sglang_triton_config_moe_fits_price_held_out_layouts(
     configurations priced a median 29-44 % too slow, and the default configuration's batches
     of at most as many tokens as the rank has experts (``moe_few_tokens``, 16 x 32 blocks),
     which one curve over all the default's batches priced +21 ... +29 % too slow at EP 1 on
-    H100 (median per batch size of 1 to 128 tokens)."""
+    H100 (median per batch size of 1 to 128 tokens), and the block-scaled FP8 experts
+    (``moe_fp8``), which the device-wide roofline priced 57-73 % off."""
     from simulator.runner.kernel_tables import tables_root
     from simulator.validation.kernel_fit import (
+        MOE_FP8_DTYPES,
         MOE_KERNEL_FAMILIES,
         TUNED_MOE_CONFIGS,
         _moe_version,
@@ -586,12 +631,13 @@ def test_the_shipped_sglang_triton_config_moe_fits_price_held_out_layouts(
     assert dev.kernel_tables is not None
     kernels = MOE_KERNEL_FAMILIES["sglang"]
     tuned = TUNED_MOE_CONFIGS["sglang"].get(dev.kernel_tables, frozenset())
+    fp8 = MOE_FP8_DTYPES["sglang"]
     folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "sglang", "0.5.14", kernels,
-                             tuned)
+                             tuned, fp8)
     assert folder is not None
     # Every one of these fits chose the load the collector's balanced routing puts on the
     # timed rank.
-    (fam,) = [s for s in moe_samples(folder, "rank0", kernels, tuned) if s.op == family]
+    (fam,) = [s for s in moe_samples(folder, "rank0", kernels, tuned, fp8) if s.op == family]
     scored = evaluate(fam, dev, dev.operators["sglang"].fits[family])
     assert scored["median_ape_after"] <= 10.0
 

@@ -215,6 +215,11 @@ class InstanceCostModel(OperatorPricing):
             # The default's batches of at most as many tokens as the rank has experts.
             few_tokens = fits.get("moe_few_tokens") if config == "_default" else None
         moe = moe or fits.get(base)
+        if self.engine == "sglang" and base == "moe_fp8" and self.parallelism.dp > 1:
+            # With DeepEP (data-parallel attention) SGLang runs FP8 experts on DeepGEMM's
+            # grouped GEMMs (sglang/srt/layers/moe/ep_moe/layer.py, DeepEPMoE: JIT DeepGEMM
+            # with an Fp8Config), which its tables do not time: the device-wide roofline.
+            moe = None
         if moe is not None:
             out["moe"] = moe
             if few_tokens is not None:

@@ -25,12 +25,13 @@ OperatorClass = Literal["gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "at
                         "attention_prefill_kv_fp8", "attention_decode_kv_fp8",
                         "attention_prefill_mla", "attention_decode_mla",
                         "attention_prefill_mla_kv_fp8", "attention_decode_mla_kv_fp8",
-                        "moe", "moe_fp8", "moe_flashinfer_trtllm", "moe_tuned", "moe_few_tokens",
-                        "elementwise"]
+                        "moe", "moe_fp8", "moe_flashinfer_trtllm", "moe_fp8_flashinfer_trtllm",
+                        "moe_tuned", "moe_few_tokens", "elementwise"]
 """``*_kv_fp8``: attention over an FP8 KV cache, a kernel of its own (see OperatorFit);
 ``*_mla``: multi-head latent attention (DeepSeek-V2/V3), whose kernels are not the GQA ones;
-``moe_flashinfer_trtllm``: BF16 experts on FlashInfer's TensorRT-LLM fused MoE, which SGLang
-runs for some architectures on Blackwell (:func:`moe_kernel_family`); ``moe_tuned``: BF16
+``moe_flashinfer_trtllm`` / ``moe_fp8_flashinfer_trtllm``: BF16 / FP8 experts on FlashInfer's
+TensorRT-LLM fused MoE, which SGLang runs for some architectures on Blackwell
+(:func:`moe_kernel_family`); ``moe_tuned``: BF16
 experts on SGLang's Triton fused MoE where the engine ships a tuned kernel configuration for
 the layout (:data:`SGLANG_TUNED_MOE_CONFIGS`), ``moe`` where it falls back to its default,
 and ``moe_few_tokens`` on that default for batches of at most as many tokens as the rank has

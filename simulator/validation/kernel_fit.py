@@ -150,6 +150,12 @@ of the tables; their BF16 rows are fitted as the ``moe_tuned`` family, the other
 batches of at most as many tokens as the rank has experts as ``moe_few_tokens`` and the rest
 stay ``moe`` (:func:`simulator.hardware.operator_fits.moe_config_family` picks for the step
 model)."""
+MOE_FP8_DTYPES: dict[str, str] = {"sglang": "fp8_block"}
+"""The ``moe_dtype`` of the FP8 expert rows an engine's ``moe_fp8`` family is fitted on, where
+not per-tensor ``fp8``: SGLang's tables (0.5.x) time FP8 experts only block-scaled
+(``fp8_block``, 128 x 128 weight blocks and per-token-group activation scales, the
+quantisation of DeepSeek-V3's and Qwen3's FP8 checkpoints), on its Triton fused MoE and, on
+Blackwell, on FlashInfer's TensorRT-LLM MoE."""
 REMOTE_SLOT_ENGINES = ("vllm", "sglang")
 """Engines whose MoE fits are offered the other ranks' token slots (``OperatorFit.remote_slots``),
 on their training shapes only: both run the Triton fused-MoE kernel, which writes zeros for
@@ -558,7 +564,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
 
 
 def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | None = None,
-                 tuned: frozenset[tuple[int, int]] | None = None
+                 tuned: frozenset[tuple[int, int]] | None = None, fp8_dtype: str = "fp8"
                  ) -> tuple[Path | None, list[Samples]]:
     """The MoE samples of ``version``, else of the newest version holding gated-expert rows
     (TensorRT-LLM 1.3.0rc23's H100/H200 tables time only non-gated Nemotron layouts, so its
@@ -566,11 +572,12 @@ def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | No
     if not folder.is_dir():
         return None, []
     if version is not None and (folder / version / "moe_perf.parquet").is_file():
-        return folder / version, moe_samples(folder / version, kernels=kernels, tuned=tuned)
+        return folder / version, moe_samples(folder / version, kernels=kernels, tuned=tuned,
+                                             fp8_dtype=fp8_dtype)
     versions = sorted((p for p in folder.iterdir() if (p / "moe_perf.parquet").is_file()),
                       key=lambda p: _version_key(p.name), reverse=True)
     for path in versions:
-        if found := moe_samples(path, kernels=kernels, tuned=tuned):
+        if found := moe_samples(path, kernels=kernels, tuned=tuned, fp8_dtype=fp8_dtype):
             return path, found
     return None, []
 
@@ -595,12 +602,13 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     kernels = MOE_KERNEL_FAMILIES.get(engine)
     configs = TUNED_MOE_CONFIGS.get(engine)
     tuned = None if configs is None else configs.get(device.kernel_tables or "", frozenset())
-    folder, moe = _moe_version(base / "moe" / engine, version, kernels, tuned)
+    fp8 = MOE_FP8_DTYPES.get(engine, "fp8")
+    folder, moe = _moe_version(base / "moe" / engine, version, kernels, tuned, fp8)
     rank0: dict[str, Samples] = {}
     if folder is not None:
         used.append(f"moe/{engine}/{folder.name}")
         samples += moe
-        rank0 = {s.op: s for s in moe_samples(folder, "rank0", kernels, tuned)}
+        rank0 = {s.op: s for s in moe_samples(folder, "rank0", kernels, tuned, fp8)}
     fits: dict[str, OperatorFit] = {}
     rows: list[dict[str, Any]] = []
     curves: list[CollectiveCurve] = []

@@ -336,7 +336,8 @@ def _rank0_load(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int
 
 def moe_samples(folder: Path, routing: str = "expected",
                 kernels: dict[str, str] | None = None,
-                tuned: frozenset[tuple[int, int]] | None = None) -> list[Samples]:
+                tuned: frozenset[tuple[int, int]] | None = None,
+                fp8_dtype: str = "fp8") -> list[Samples]:
     """Gated MoE layers (:func:`gated_moe`) under balanced routing, BF16 and FP8.
 
     ``routing``: the load of the timed EP rank. ``expected``: the step model's, each token's
@@ -350,12 +351,14 @@ def moe_samples(folder: Path, routing: str = "expected",
     their BF16 rows outside those kernels form the ``moe_tuned`` family. Given (even empty),
     the engine's other BF16 Triton rows run its default configuration, whose blocks change
     with the batch: those of at most as many tokens as the rank has experts form
-    ``moe_few_tokens`` (:func:`simulator.hardware.operator_fits.moe_config_family`)."""
+    ``moe_few_tokens`` (:func:`simulator.hardware.operator_fits.moe_config_family`).
+    ``fp8_dtype``: the table's ``moe_dtype`` of the FP8 experts the engine runs (SGLang's
+    tables time block-scaled FP8, ``fp8_block``; the others per-tensor ``fp8``)."""
     path = folder / "moe_perf.parquet"
     if not path.is_file():
         return []
     mo = gated_moe(pd.read_parquet(path))
-    mo = mo[(mo["distribution"] == "balanced") & mo["moe_dtype"].isin(["bfloat16", "fp8"])]
+    mo = mo[(mo["distribution"] == "balanced") & mo["moe_dtype"].isin(["bfloat16", fp8_dtype])]
     family = pd.Series("", index=mo.index)
     for source, suffix in (kernels or {}).items():
         family[mo["kernel_source"] == source] = suffix
@@ -375,7 +378,7 @@ def moe_samples(folder: Path, routing: str = "expected",
     mo = mo.groupby(shape)["latency"].min().reset_index()
     out = []
     for (dtype, precision), suffix in itertools.product(
-            (("bfloat16", "bf16"), ("fp8", "fp8")),
+            (("bfloat16", "bf16"), (fp8_dtype, "fp8")),
             ("", *sorted(set((kernels or {}).values())
                          | ({"_few_tokens", "_tuned"} if tuned is not None else set())))):
         p = mo[(mo["moe_dtype"] == dtype) & (mo["family"] == suffix)]
