@@ -313,16 +313,30 @@ def test_moe_samples_put_the_tuned_layouts_in_a_family_of_their_own(tmp_path: Pa
 
 def test_sglang_takes_its_tuned_moe_config_by_experts_and_columns_per_rank() -> None:
     """The key is (experts per rank, intermediate size per rank) on the tables' system, as in
-    SGLang's ``E={E},N={N},device_name=...json``; other engines and non-integer shares never."""
-    from simulator.hardware.operator_fits import moe_config_family
+    SGLang's ``E={E},N={N},device_name=...json``; a layout without a file runs the default
+    with its few-token blocks; other engines, non-integer shares and Blackwell's second
+    kernel never take the tuned fit; FP8 experts with DeepEP take no fit."""
+    from simulator.hardware.operator_fits import moe_fit_labels
 
-    assert moe_config_family("sglang", "h100_sxm", 8, 7168) == "_tuned"  # Mixtral-8x7B TP2
-    assert moe_config_family("sglang", "h100_sxm", 8, 14336) == "_default"  # TP1: H100 has none
-    assert moe_config_family("sglang", "h200_sxm", 8, 14336) == "_tuned"
-    assert moe_config_family("sglang", "gb200", 8, 7168) == "_default"
-    assert moe_config_family("sglang", None, 8, 7168) == "_default"
-    assert moe_config_family("sglang", "h100_sxm", 8, 7168.5) == "_default"
-    assert moe_config_family("vllm", "h100_sxm", 8, 7168) == ""
+    def labels(engine: str, tables: str | None, experts: float, inter: float,
+               precision: str = "bf16", arch: str = "MixtralForCausalLM",
+               deepep: bool = False) -> tuple[tuple[str, ...], str | None]:
+        return moe_fit_labels(engine, tables, arch, precision, experts, inter, deepep)
+
+    tuned, default = (("moe_tuned", "moe"), None), (("moe",), "moe_few_tokens")
+    assert labels("sglang", "h100_sxm", 8, 7168) == tuned  # Mixtral-8x7B TP2
+    assert labels("sglang", "h100_sxm", 8, 14336) == default  # TP1: H100 has no file
+    assert labels("sglang", "h200_sxm", 8, 14336) == tuned
+    assert labels("sglang", "gb200", 8, 7168) == default
+    assert labels("sglang", None, 8, 7168) == default
+    assert labels("sglang", "h100_sxm", 8, 7168.5) == default
+    assert labels("vllm", "h100_sxm", 8, 7168) == (("moe",), None)
+    assert labels("sglang", "b200_sxm", 16, 1024, arch="Qwen3MoeForCausalLM") == (
+        ("moe_flashinfer_trtllm", "moe"), None)
+    assert labels("sglang", "h100_sxm", 8, 7168, "fp8") == (("moe_fp8",), None)
+    assert labels("sglang", "h100_sxm", 8, 7168, "fp8", deepep=True) == ((), None)
+    assert labels("vllm", "h100_sxm", 8, 7168, "fp8", deepep=True) == (("moe_fp8",), None)
+    assert labels("sglang", "h100_sxm", 8, 7168, "fp4") == ((), None)
 
 
 def test_the_step_model_prices_sglang_moe_with_the_tuned_fit_where_the_layout_has_one() -> None:

@@ -31,7 +31,7 @@ from simulator.cost.roofline import (
     scalar_quantisation,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.operator_fits import OperatorFit, few_token_batch
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 
@@ -50,7 +50,7 @@ the 16-bit projection output to ``AllReduce`` with ``AllReduceFusionOp.RESIDUAL_
 The engines' measured all-reduce is keyed by elements: the collector reduces a 16-bit tensor
 of ``message_size`` elements (ai-dynamo/aiconfigurator ``collector/collect_all_reduce.py``,
 ``get_input_shape_and_comm_size``)."""
-WHOLE_LAYER_FITS = frozenset({"moe", "moe_few_tokens"})
+WHOLE_LAYER_FITS = frozenset({"moe"})
 """Operator labels whose fitted curve prices the whole operator as one measured call: the
 kernel tables time a routed-expert layer end to end (both grouped GEMMs, the activation and
 the combine in one ``moe_perf`` row; ai-dynamo/aiconfigurator ``collector/*/collect_moe.py``),
@@ -468,7 +468,7 @@ class OperatorPricing:
         # SGLang's default Triton blocks differ while the rank's kernel sees at most as many
         # tokens as it holds experts (OperatorFit families moe_few_tokens / moe).
         label = ("moe_few_tokens" if "moe_few_tokens" in self._fits
-                 and group_tokens <= experts_here else "moe")
+                 and few_token_batch(group_tokens, experts_here) else "moe")
         fit = self._fits.get(label)
         rows = tokens * h
         if fit is not None and exchange is None:

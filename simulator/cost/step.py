@@ -27,12 +27,7 @@ from simulator.cost.roofline import (
     decode_units,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import (
-    OperatorFit,
-    key_tile_extra,
-    moe_config_family,
-    moe_kernel_family,
-)
+from simulator.hardware.operator_fits import OperatorFit, key_tile_extra, moe_fit_labels
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
@@ -199,31 +194,18 @@ class InstanceCostModel(OperatorPricing):
                                             / self.parallelism.tp / self.kv_heads_per_device)
             if fit is not None:
                 out[label] = fit
-        # The MoE kernel the engine dispatches for this architecture (SGLang on Blackwell:
-        # FlashInfer's TensorRT-LLM MoE or Triton), where the profile has a fit of each.
-        base = "moe_fp8" if low == "_fp8" else "moe" if not low else ""
-        kernel = moe_kernel_family(self.engine, self.model.architecture,
-                                   low.removeprefix("_") or "bf16")
-        moe = fits.get(base + kernel) if base and kernel else None
-        few_tokens = None
-        if moe is None and base == "moe":  # SGLang's Triton MoE: a tuned config or its default
-            m, par = self.model, self.parallelism
-            config = moe_config_family(self.engine, self.device.kernel_tables,
-                                       (m.num_experts + self.redundant_experts) / par.ep,
-                                       m.moe_intermediate_size / par.expert_tp)
-            moe = fits.get("moe_tuned") if config == "_tuned" else None
-            # The default's batches of at most as many tokens as the rank has experts.
-            few_tokens = fits.get("moe_few_tokens") if config == "_default" else None
-        moe = moe or fits.get(base)
-        if self.engine == "sglang" and base == "moe_fp8" and self.parallelism.dp > 1:
-            # With DeepEP (data-parallel attention) SGLang runs FP8 experts on DeepGEMM's
-            # grouped GEMMs (sglang/srt/layers/moe/ep_moe/layer.py, DeepEPMoE: JIT DeepGEMM
-            # with an Fp8Config), which its tables do not time: the device-wide roofline.
-            moe = None
+        # The MoE kernel and configuration the engine dispatches (operator_fits.moe_fit_labels):
+        # the first label the profile has a fit for, and the few-token batches' fit.
+        m, par = self.model, self.parallelism
+        labels, few = moe_fit_labels(self.engine, self.device.kernel_tables, m.architecture,
+                                     low.removeprefix("_") or "bf16",
+                                     (m.num_experts + self.redundant_experts) / par.ep,
+                                     m.moe_intermediate_size / par.expert_tp, par.dp > 1)
+        moe = next((fits[label] for label in labels if label in fits), None)
         if moe is not None:
             out["moe"] = moe
-            if few_tokens is not None:
-                out["moe_few_tokens"] = few_tokens
+            if few is not None and few in fits:
+                out[few] = fits[few]
         return out
 
     # ----- per-device shapes -------------------------------------------------------

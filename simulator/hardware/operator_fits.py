@@ -35,7 +35,7 @@ TensorRT-LLM fused MoE, which SGLang runs for some architectures on Blackwell
 experts on SGLang's Triton fused MoE where the engine ships a tuned kernel configuration for
 the layout (:data:`SGLANG_TUNED_MOE_CONFIGS`), ``moe`` where it falls back to its default,
 and ``moe_few_tokens`` on that default for batches of at most as many tokens as the rank has
-experts, where the default's blocks are others (:func:`moe_config_family`)."""
+experts, where the default's blocks are others (:func:`moe_fit_labels`)."""
 
 SGLANG_FLASHINFER_TRTLLM_MOE: dict[str, tuple[str, ...]] = {
     "Qwen3MoeForCausalLM": ("bf16", "fp8", "fp4"),
@@ -103,20 +103,50 @@ median 29 % too slow on held-out shapes, so the two are fitted apart (``moe_tune
 ``moe``)."""
 
 
-def moe_config_family(engine: str | None, tables: str | None, experts: float,
-                      intermediate: float) -> str:
-    """The kernel configuration ``engine`` runs its Triton fused MoE with on the system
-    ``tables`` for ``experts`` experts per rank of ``intermediate`` columns per rank:
-    ``'_tuned'`` where it ships a tuned one (:data:`SGLANG_TUNED_MOE_CONFIGS`), else
-    ``'_default'`` (SGLang's ``get_default_config``, whose blocks are 16 x 32 while a batch
-    has at most ``experts`` tokens and 64 x 64 above: the step model prices such batches with
-    the ``moe_few_tokens`` fit where the profile has one); '' for the other engines."""
-    if engine != "sglang":
-        return ""
+def tuned_moe_layout(tuned: frozenset[tuple[int, int]], experts: float,
+                     intermediate: float) -> bool:
+    """Whether ``experts`` experts per rank of ``intermediate`` columns per rank (whole numbers
+    only) are one of the ``tuned`` layouts (:data:`SGLANG_TUNED_MOE_CONFIGS`)."""
     key = (int(experts), int(intermediate))
-    if tables is None or key != (experts, intermediate):
-        return "_default"
-    return "_tuned" if key in SGLANG_TUNED_MOE_CONFIGS.get(tables, frozenset()) else "_default"
+    return key == (experts, intermediate) and key in tuned
+
+
+def few_token_batch(tokens: Any, experts: Any) -> Any:
+    """Whether the Triton fused MoE's default configuration takes its few-token blocks
+    (16 x 32 rather than 64 x 64) for a batch of ``tokens`` on a rank of ``experts``
+    experts: at most as many tokens as experts (``get_default_config``, ``M <= E``)."""
+    return tokens <= experts
+
+
+def moe_fit_labels(engine: str | None, tables: str | None, architecture: str, precision: str,
+                   experts: float, intermediate: float,
+                   deepep: bool) -> tuple[tuple[str, ...], str | None]:
+    """The fit labels that price the routed experts of a model of ``architecture`` with
+    experts at ``precision`` (``bf16``, ``fp8``, ``fp4``), ``experts`` per rank of
+    ``intermediate`` columns per rank, on the system ``tables`` under ``engine``: the
+    labels to try in order, and the label of the few-token batches' fit (:func:`few_token_batch`)
+    or None. SGLang's dispatch:
+
+    - on Blackwell, the kernel :func:`moe_kernel_family` names, where the profile has it;
+    - with DeepEP (``deepep``: data-parallel attention) FP8 experts on DeepGEMM's grouped
+      GEMMs (sglang/srt/layers/moe/ep_moe/layer.py, ``DeepEPMoE``: JIT DeepGEMM with an
+      ``Fp8Config``), which its tables do not time: no fit, the device-wide roofline;
+    - BF16 experts on the Triton fused MoE with a tuned configuration
+      (:data:`SGLANG_TUNED_MOE_CONFIGS`, ``moe_tuned``) or its default (``moe``, and
+      ``moe_few_tokens`` for the few-token blocks).
+    """
+    base = {"bf16": "moe", "fp8": "moe_fp8"}.get(precision)
+    if base is None or (engine == "sglang" and precision == "fp8" and deepep):
+        return (), None
+    kernel = moe_kernel_family(engine, architecture, precision)
+    if kernel:
+        return (base + kernel, base), None
+    if engine == "sglang" and precision == "bf16":
+        if tables is not None and tuned_moe_layout(
+                SGLANG_TUNED_MOE_CONFIGS.get(tables, frozenset()), experts, intermediate):
+            return ("moe_tuned", "moe"), None
+        return ("moe",), "moe_few_tokens"
+    return (base,), None
 
 
 def moe_kernel_family(engine: str | None, architecture: str, precision: str) -> str:

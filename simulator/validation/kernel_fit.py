@@ -148,7 +148,7 @@ TUNED_MOE_CONFIGS: dict[str, dict[str, frozenset[tuple[int, int]]]] = {
 """Per engine, the MoE layouts its Triton fused MoE runs with a tuned configuration, per system
 of the tables; their BF16 rows are fitted as the ``moe_tuned`` family, the other layouts'
 batches of at most as many tokens as the rank has experts as ``moe_few_tokens`` and the rest
-stay ``moe`` (:func:`simulator.hardware.operator_fits.moe_config_family` picks for the step
+stay ``moe`` (:func:`simulator.hardware.operator_fits.moe_fit_labels` picks for the step
 model)."""
 MOE_FP8_DTYPES: dict[str, str] = {"sglang": "fp8_block"}
 """The ``moe_dtype`` of the FP8 expert rows an engine's ``moe_fp8`` family is fitted on, where

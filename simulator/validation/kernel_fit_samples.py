@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.cost.roofline import decode_units, kv_reread_bytes
+from simulator.hardware.operator_fits import few_token_batch, tuned_moe_layout
 from simulator.runner.kernel_tables import default_attention, plain_attention
 from simulator.units import bytes_per_element
 
@@ -351,7 +352,7 @@ def moe_samples(folder: Path, routing: str = "expected",
     their BF16 rows outside those kernels form the ``moe_tuned`` family. Given (even empty),
     the engine's other BF16 Triton rows run its default configuration, whose blocks change
     with the batch: those of at most as many tokens as the rank has experts form
-    ``moe_few_tokens`` (:func:`simulator.hardware.operator_fits.moe_config_family`).
+    ``moe_few_tokens`` (:func:`simulator.hardware.operator_fits.moe_fit_labels`).
     ``fp8_dtype``: the table's ``moe_dtype`` of the FP8 experts the engine runs (SGLang's
     tables time block-scaled FP8, ``fp8_block``; the others per-tensor ``fp8``)."""
     path = folder / "moe_perf.parquet"
@@ -362,16 +363,13 @@ def moe_samples(folder: Path, routing: str = "expected",
     family = pd.Series("", index=mo.index)
     for source, suffix in (kernels or {}).items():
         family[mo["kernel_source"] == source] = suffix
-    if tuned is not None:
-        layout = zip(mo["num_experts"] // mo["moe_ep_size"], mo["inter_size"] // mo["moe_tp_size"],
-                     strict=True)
-        hit = pd.Series([(int(e), int(n)) in tuned for e, n in layout], index=mo.index, dtype=bool)
-        hit &= ((mo["num_experts"] % mo["moe_ep_size"] == 0) & (mo["inter_size"] % mo["moe_tp_size"] == 0)
-                & (mo["moe_dtype"] == "bfloat16") & (family == ""))
-        few = ((mo["num_tokens"] <= mo["num_experts"] / mo["moe_ep_size"])
-               & (mo["moe_dtype"] == "bfloat16") & (family == "") & ~hit)
+    if tuned is not None:  # the engine's rule, as the step model applies it (moe_fit_labels)
+        per_rank = mo["num_experts"] / mo["moe_ep_size"]
+        triton = (mo["moe_dtype"] == "bfloat16") & (family == "")
+        hit = triton & pd.Series([tuned_moe_layout(tuned, e, n) for e, n in zip(
+            per_rank, mo["inter_size"] / mo["moe_tp_size"], strict=True)], index=mo.index)
         family[hit] = "_tuned"
-        family[few] = "_few_tokens"
+        family[triton & ~hit & few_token_batch(mo["num_tokens"], per_rank)] = "_few_tokens"
     mo = mo.assign(family=family)
     shape = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size",
              "moe_ep_size", "moe_dtype", "family"]
