@@ -684,3 +684,32 @@ def test_a_written_profile_keeps_the_other_ranks_slots(tmp_path: Path,
         assert loaded["moe_fp8"].remote_slots is False
     finally:
         load_device.cache_clear()
+
+
+def test_writing_one_engines_fits_keeps_what_another_wrote_since(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two engines fitted side by side (``kernel_fit --engine vllm`` and ``--engine trtllm``)
+    each hold the device profile as it was when their fit began; the second write keeps the
+    first's fits, read from the file at write time, instead of its stale copy."""
+    import shutil
+
+    import simulator.validation.kernel_fit_profile as writer
+    from simulator.hardware import registry
+
+    shutil.copytree(registry.profiles_dir() / "devices", tmp_path / "devices")
+    monkeypatch.setattr(registry, "profiles_dir", lambda: tmp_path)
+    monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
+    load_device.cache_clear()
+    try:
+        stale = load_device("H100-SXM")  # what both fits started from
+        new_vllm = OperatorFit(compute=0.41, half_flops=0.0, memory=0.77, half_bytes=0.0,
+                               floor_us=3.0)
+        new_trt = new_vllm.model_copy(update={"compute": 0.52})
+        writer.write_profile(stale, {"gemm": new_vllm}, [], "vllm", "vllm source")
+        writer.write_profile(stale, {"gemm": new_trt}, [], "trtllm", "trtllm source")
+        loaded = load_device("H100-SXM")
+        assert loaded.operator_fits("vllm")["gemm"].compute == 0.41
+        assert loaded.operator_fits("trtllm")["gemm"].compute == 0.52
+        assert set(loaded.operators or {}) == set(stale.operators or {})
+    finally:
+        load_device.cache_clear()

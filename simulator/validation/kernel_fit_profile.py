@@ -12,12 +12,14 @@ from simulator.hardware.registry import load_device, profiles_dir
 
 def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                   curves: list[CollectiveCurve], engine: str, source: str) -> Path:
-    """Rewrite the ``operators:`` block at the end of the device's YAML (other engines kept)."""
+    """Rewrite the ``operators:`` block at the end of the device's YAML (other engines kept
+    as the file holds them now, so fits of different engines may run side by side)."""
+    load_device.cache_clear()
     path = next(p for p in sorted((profiles_dir() / "devices").glob("*.yaml"))
                 if load_device(p.stem).name == device.name)
     engines: dict[str, tuple[str, dict[str, OperatorFit], list[CollectiveCurve]]] = {
         name: (f.source, {str(k): v for k, v in f.fits.items()}, list(f.allreduce))
-        for name, f in (device.operators or {}).items()}
+        for name, f in (load_device(path.stem).operators or {}).items()}
     engines[engine] = (source, fits, curves)
     text = path.read_text()
     text = re.sub(r"\n# Per-operator roofline.*\Z", "\n", text, flags=re.S).rstrip() + "\n"
