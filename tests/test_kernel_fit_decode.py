@@ -320,3 +320,74 @@ def test_the_shipped_vllm_a100_decode_fit_packs_the_group_of_one_kv_head() -> No
     # The per-query-head fit: median +7.9 %, worst +11.7 %.
     assert abs(float(np.median(errors))) < 0.06, errors
     assert max(abs(e) for e in errors) < 0.1, errors
+
+
+def _with_head_dim(name: str, head_dim: int, fit: OperatorFit) -> InstanceCostModel:
+    from simulator.cost.parallel import Parallelism
+    device = H100.model_copy(update={"operators": {"trtllm": OperatorFits(
+        source="t", fits={"attention_decode": fit})}})
+    model = get_model(name).model_copy(update={"head_dim": head_dim})
+    return InstanceCostModel(model, device, Parallelism(), engine="trtllm", fitted=True)
+
+
+@pytest.mark.parametrize("fit", [DECODE, GROUPED], ids=["one kernel", "grouped"])
+def test_the_decode_work_follows_the_fits_head_dimension_exponent(fit: OperatorFit) -> None:
+    """A decode fit's head-dimension exponent scales the step model's FLOPs and bytes as it
+    scales the measured shapes' (kernel_fit_predict.predict): narrow heads cost more per
+    byte under a negative exponent, head dimension 128 is unchanged, and a decode series
+    prices its steps as single steps do."""
+    scaled = fit.model_copy(update={"head_dim_exp": -0.25})
+    seqs, ctx = 32, 32 * 2048
+    for head_dim in (64, 128, 256):
+        plain = _with_head_dim("Llama-3.1-8B", head_dim, fit)
+        model = _with_head_dim("Llama-3.1-8B", head_dim, scaled)
+        f0, b0 = plain._decode_attention_work(seqs, ctx)
+        f1, b1 = model._decode_attention_work(seqs, ctx)
+        scale = (head_dim / 128) ** -0.25
+        assert f1 == pytest.approx(f0 * scale, rel=1e-12)
+        assert b1 == pytest.approx(b0 * scale, rel=1e-12)
+        step = BatchShape.decode(seqs, ctx)
+        series = model.decode_series(seqs, np.array([ctx, ctx + seqs]))
+        assert series.seconds[0] == pytest.approx(model.step(step).seconds, rel=1e-9)
+        if head_dim == 128:
+            assert model.step(step).seconds == plain.step(step).seconds
+    # Per KV byte, head dimension 64 now costs more than 128, which costs more than 256.
+    per_byte = [(_with_head_dim("Llama-3.1-8B", d, scaled)._decode_attention_work(1, 1e6)[1]
+                 / d) for d in (64, 128, 256)]
+    assert per_byte[0] > per_byte[1] > per_byte[2]
+
+
+def test_kernel_fit_finds_the_decode_kernels_head_dimension_exponent() -> None:
+    """Synthetic decode timings over head dimensions 64, 128 and 256 from a fit whose work
+    scales as head_dim ** -0.25: the fit offers the exponent on the terms it chose, keeps it,
+    recovers it and predicts the held-out layouts; without the head dimensions it cannot."""
+    from simulator.validation.kernel_fit import Samples, evaluate, fit_family
+    from simulator.validation.kernel_fit_predict import predict
+
+    truth = DECODE.model_copy(update={"head_dim_exp": -0.25})
+    rng = np.random.default_rng(11)
+    n = 2400
+    layouts = np.array([(32, 8), (64, 8), (32, 32), (16, 4), (8, 8), (40, 8), (64, 4), (24, 8)],
+                       float)
+    heads, kvh = layouts[rng.integers(0, len(layouts), n)].T
+    batch = rng.choice([1.0, 8.0, 64.0, 512.0], n)
+    kv = rng.choice([16.0, 512.0, 4096.0, 32768.0], n)
+    hd = rng.choice([64.0, 128.0, 256.0], n)
+    flops = 4 * heads * hd * kv * batch
+    kv_bytes = batch * kv * 2 * kvh * hd * 2
+    nbytes = kv_bytes + batch * 2 * heads * hd * 2
+    held = np.isin(heads * 1000 + kvh, [64 * 1000 + 8, 16 * 1000 + 4])
+    samples = Samples("attention_decode", "bf16", flops, nbytes,
+                      decode_units(batch, batch * kv, kvh), batch * heads, np.zeros(n), held,
+                      "synthetic", batch * kvh, (batch, batch * kv, kvh), hd, heads / kvh,
+                      kv_bytes)
+    samples = replace(samples, seconds=predict(samples, H100, truth, np.arange(n)))
+    rows, fitted = fit_family(samples, H100)
+    assert fitted.head_dim_exp == pytest.approx(-0.25, abs=0.02)
+    scored = evaluate(rows, H100, fitted)
+    assert scored["median_ape_after"] < 0.5
+    assert scored["p90_ape_after"] < 0.5
+    blind_rows, blind = fit_family(replace(samples, head_dim=None), H100)
+    assert blind.head_dim_exp == 0.0
+    # Without it the long contexts of head dimension 64 and 256 are 15-20 % off.
+    assert evaluate(blind_rows, H100, blind)["p90_ape_after"] > 10.0

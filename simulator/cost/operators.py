@@ -101,6 +101,7 @@ class OperatorPricing:
     _kv_elems: float
     _q_heads: float
     _attn_io: float
+    _decode_io: float
     _decode_per_ctx: float
     _decode_step_per_ctx: float
     _prefill_per_pair: float
@@ -286,7 +287,7 @@ class OperatorPricing:
         """FLOPs and bytes of one layer's decode attention on one device (the KV bytes of
         the engine's kernel for this head layout: ``OperatorFit.decode_group``)."""
         flops = self._decode_step_per_ctx * ctx
-        nbytes = ctx * self._decode_kv_elems * self._kvb + seqs * self._attn_io * self._hb
+        nbytes = ctx * self._decode_kv_elems * self._kvb + seqs * self._decode_io * self._hb
         return flops, nbytes
 
     # ----- operators -----------------------------------------------------------------

@@ -159,6 +159,13 @@ class InstanceCostModel(OperatorPricing):
             self._decode_kvh = self._kvh * heads
             self._decode_kv_elems = self._kv_elems * kv
             self._decode_rows = self._decode_rows * rows
+        self._decode_io = self._attn_io
+        if decode is not None and decode.head_dim_exp and m.attention != "mla":
+            # The decode kernel's work by head dimension (OperatorFit.head_dim_exp).
+            scale = decode.work_scale(m.head_dim)
+            self._decode_step_per_ctx *= scale
+            self._decode_kv_elems *= scale
+            self._decode_io *= scale
         prefill = self._fits.get("attention_prefill")
         # Prefill tiles are chosen by head dimension (FlashAttention-class kernels).
         self._prefill_scale = (None if m.attention == "mla" or prefill is None

@@ -354,7 +354,9 @@ class OperatorFit(Frozen):
         "Attention: FLOPs and bytes are scaled by (head_dim / 128) ** head_dim_exp. The "
         "kernels pick their tiles by head dimension (FlashAttention-3 hopper/tile_size.h: "
         "fewer key columns per tile as head_dim grows, for registers and shared memory), so "
-        "large head dims run further from peak."))
+        "large head dims run further from peak. Decode attention reads each KV head's rows "
+        "in chunks of head_dim elements: narrow rows (64) stream further from peak "
+        "bandwidth than wide ones (256), a negative exponent."))
     kv_reread_share: float = Field(1.0, ge=0, le=1, description=(
         "Prefill attention: the share of the K/V re-read of each query block "
         "(simulator.cost.roofline.kv_reread_bytes) that reaches memory; the rest hits L2. "

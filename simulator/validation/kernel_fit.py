@@ -247,14 +247,19 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             moe_kernel: str = "", causal: bool = False, softmax: bool = False,
             head_dim: bool = True, reread: bool = True, per_unit: bool = False,
             l2: bool = False, remote: bool = False, head_tile: int = 0,
-            exposed: bool = False, per_group: bool = False, key_tiles: str = "") -> OperatorFit:
+            exposed: bool = False, per_group: bool = False, key_tiles: str = "",
+            decode_hd: bool = False) -> OperatorFit:
     # ``key_tiles`` is a choice, not a fitted element (OperatorFit.key_tiles). With ``l2``,
-    # the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); with ``exposed``,
-    # the one before (or the last without ``l2``) is the logit of OperatorFit.exposed; with
-    # ``per_group``, the one before that is log(per_group_ns); the others keep their places
-    # below.
+    # the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); with ``decode_hd``
+    # (decode attention), the one before (or the last without ``l2``) is the head-dimension
+    # exponent (OperatorFit.head_dim_exp); with ``exposed``, the one before that is the
+    # logit of OperatorFit.exposed; with ``per_group``, the one before that is
+    # log(per_group_ns); the others keep their places below.
     speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
     if l2:
+        x = x[:-1]
+    decode_exp = float(np.clip(x[-1], -2, 2)) if decode_hd else 0.0
+    if decode_hd:
         x = x[:-1]
     share = _sig(x[-1]) if exposed else 0.0
     if exposed:
@@ -283,8 +288,9 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0,
         "group_floor_us": _exp(x[12]) if len(x) > 12 else None,
         "group_step": 2.0 * _sig(x[13]) if len(x) > 13 else 0.0,
-        "row_unit": "kv_head"} if group_limit else {
-        "head_dim_exp": float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7 else 0.0,
+        "head_dim_exp": decode_exp, "row_unit": "kv_head"} if group_limit else {
+        "head_dim_exp": (float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7
+                         else decode_exp),
         "causal_tail": 0.05 + 1.95 * _sig(x[c]) if causal and tile_m else 0.0,
         "kv_reread_share": _sig(x[c + 1]) if causal and tile_m and reread else 1.0,
         "softmax_dim": min(64.0 * _exp(x[-1]), 1024.0) if softmax else 0.0}
@@ -336,7 +342,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
         floors: bool = False, l2: bool = False, remote: bool = False,
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
-        key_tiles: str = "") -> OperatorFit:
+        key_tiles: str = "", decode_hd: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -355,12 +361,18 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     leaves exposed
     (``OperatorFit.exposed``); a MoE family with ``per_group``, its time per expert hit
     (``OperatorFit.per_group_ns``); prefill attention with ``key_tiles``, the whole key
-    blocks of a kernel's tile table (``OperatorFit.key_tiles``)."""
+    blocks of a kernel's tile table (``OperatorFit.key_tiles``); decode attention with
+    ``decode_hd``, the exponent its work takes in the head dimension
+    (``OperatorFit.head_dim_exp``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
         idx = idx[np.linspace(0, len(idx) - 1, MAX_FIT_ROWS).astype(int)]
-    has_hd, has_reread = samples.head_dim is not None, samples.kv_bytes is not None
+    # Prefill attention's head-dimension exponent is x[7]; decode attention's (decode_hd)
+    # is near the end, after its group terms.
+    has_hd = samples.head_dim is not None and samples.prefill
+    has_reread = samples.kv_bytes is not None
+    decode_hd = decode_hd and samples.decode and samples.head_dim is not None
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
@@ -376,7 +388,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
-                        l2, remote, head_tile, exposed, per_group, key_tiles)
+                        l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -396,13 +408,14 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     for i, (c0, fh0, bh0, fl0, uh0, rp0) in enumerate(starts):
         x0 = np.array([math.log(c0 / (1 - c0)), math.log(fh0), math.log(4.0), math.log(bh0),
                        math.log(fl0), math.log(uh0), math.log(rp0),
-                       *([0.0] if hd is not None else group_start if group_limit
+                       *([0.0] if has_hd else group_start if group_limit
                          else []), *([0.0, 3.0 - 6.0 * (i % 2)] if share is not None else []),
                        *([math.log(device.sm_count or 100)] if head_tile else []),
                        *([math.log(1.5)] if softmax else []),
                        *([math.log(1.0)] if per_unit else []),
                        *([math.log(100.0)] if per_group else []),
-                       *([math.log(0.3 / 0.7)] if exposed else []), *([0.0] if l2 else [])])
+                       *([math.log(0.3 / 0.7)] if exposed else []),
+                       *([0.0] if decode_hd else []), *([0.0] if l2 else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -420,7 +433,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
-                            exposed, per_group, key_tiles))
+                            exposed, per_group, key_tiles, decode_hd))
 
 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
@@ -560,6 +573,15 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 causal=bool(kept.causal_tail), softmax=bool(kept.softmax_dim),
                 l2=kept.l2_speedup != 1.0, remote=kept.remote_slots, exposed=share,
                 per_group=groups, key_tiles=kept.key_tiles))
+    if family.decode and family.head_dim is not None and len(np.unique(family.head_dim)) > 1:
+        # The chosen kernel terms with the work's exponent in the head dimension fitted.
+        kept = best[2]
+        terms = kept.row_overlap > 0 or kept.group_memory != 1 or kept.group_q_rows > 0
+        consider(best[1], kept.row_unit, fit(
+            best[1], device, kept.tile_m, kept.tile_n, kept.split_k,
+            group_limit=kept.group_limit, overlap=terms or kept.group_floor_us is not None,
+            floors=kept.group_floor_us is not None, l2=kept.l2_speedup != 1.0,
+            head_tile=kept.head_tile, decode_hd=True))
     return best[1], best[2]
 
 

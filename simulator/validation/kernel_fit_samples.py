@@ -51,9 +51,11 @@ class Samples:
     per expert hit, gate+up columns, hidden size), or for decode attention ``(sequences,
     context tokens, KV heads)``."""
     head_dim: np.ndarray | None = None
-    """Prefill attention: the head dimension of each shape (``OperatorFit.head_dim_exp``).
-    Decode attention is fitted without it: on the held-out shapes of H100 and B200 (vLLM)
-    the term did not help decode (8.2 -> 9.3 % on H100)."""
+    """Attention: the head dimension of each shape (``OperatorFit.head_dim_exp``). Decode
+    attention is offered the exponent only on the kernel terms it chose without it
+    (:func:`simulator.validation.kernel_fit.fit_family`), and keeps it where its training
+    shapes improve: fitted among the other terms on every choice it did not help vLLM's
+    H100 decode (8.2 -> 9.3 % held out)."""
     group: np.ndarray | None = None
     """Decode attention: query heads per KV head (``OperatorFit.group_limit``)."""
     kv_bytes: np.ndarray | None = None
@@ -182,8 +184,7 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
         whole = Samples(op, "bf16", flops, nbytes, units, rows, a["latency"].to_numpy(float) * 1e-3,
                         _held_out(keys), f"{folder}/{name}",
                         batch * kvh if op == "attention_decode" else None, tiles,
-                        hd if op == "attention_prefill" else None,
-                        heads / kvh if op == "attention_decode" else None, kv_bytes,
+                        hd, heads / kvh if op == "attention_decode" else None, kv_bytes,
                         footprint)
         if not split_kv:
             out.append(whole)
