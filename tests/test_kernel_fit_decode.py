@@ -210,6 +210,41 @@ def test_the_grouped_kernels_kv_time_steps_with_every_8_query_heads() -> None:
         1.25 * _model("Llama-3.1-405B", GROUPED)._decode_kv_elems)
 
 
+def test_the_grouped_kernels_per_row_work_steps_with_every_8_query_heads() -> None:
+    # The query heads of one KV head are padded to a multiple of 8: a block's per-row work
+    # steps at 9, 17 and 25 heads as its KV time does (group_step).
+    fit = GROUPED.model_copy(update={"group_q_rows": 0.01, "group_row_step": 0.5})
+    for g, rows in ((2.0, 1.01), (8.0, 1.07), (9.0, 1.58), (16.0, 1.65), (32.0, 2.81)):
+        assert fit.decode_group(g) == (1.0, 1.0, pytest.approx(rows))
+    assert fit.decode_group(1.0) == GROUPED.decode_group(1.0)  # the other kernel
+    assert fit.decode_group(64.0) == GROUPED.decode_group(64.0)
+    # Llama-3.1-405B at TP 1 (16 query heads per KV head) and Llama-3.1-8B (4): the step
+    # model's rows per KV head.
+    base = GROUPED.model_copy(update={"group_q_rows": 0.01})
+    assert _model("Llama-3.1-405B", fit)._decode_rows == pytest.approx(
+        _model("Llama-3.1-405B", base)._decode_rows * 1.65 / 1.15)
+    assert _model("Llama-3.1-8B", fit)._decode_rows == _model("Llama-3.1-8B", base)._decode_rows
+
+
+def test_kernel_fit_finds_the_per_row_step_of_the_grouped_kernel() -> None:
+    """Synthetic decode timings whose grouped kernel's per-row work steps by 0.8 with every
+    8 query heads per KV head: the fit with each kernel's own terms recovers the step and
+    prices the held-out layouts to within 1 %."""
+    from simulator.validation.kernel_fit import GROUP_LIMIT_CHOICES, evaluate, fit_family
+
+    truth = GROUPED.model_copy(update={"group_floor_us": 12.0, "group_row_step": 0.8})
+    samples, _ = _synthetic_decode(
+        truth, 9, [(32, 8), (64, 8), (32, 32), (64, 1), (128, 4), (16, 1), (40, 8), (128, 8),
+                   (8, 8), (24, 4), (64, 2), (96, 4), (32, 2), (96, 8), (32, 1)],
+        [2.0, 64.0, 4096.0, 32768.0], [(64, 8), (96, 4), (24, 4)])
+    rows, fitted = fit_family(samples, H100, (), GROUP_LIMIT_CHOICES["trtllm"])
+    assert fitted.group_limit == 32
+    assert fitted.group_row_step == pytest.approx(0.8, abs=0.1)
+    assert evaluate(rows, H100, fitted)["median_ape_after"] < 1.0
+    flat = fitted.model_copy(update={"group_row_step": 0.0})
+    assert evaluate(rows, H100, flat)["p90_ape_after"] > 5.0
+
+
 def test_the_other_kernel_has_a_floor_of_its_own() -> None:
     fit = GROUPED.model_copy(update={"group_floor_us": 9.0})
     assert fit.decode_floor(1.0) == 9.0

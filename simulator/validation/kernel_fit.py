@@ -212,7 +212,7 @@ supported). vLLM's and SGLang's decode kernels fold every group into one block p
 _GROUP_START = [-1.0, -1.0, 0.0, math.log(0.375 / 1.125), -2.0]
 """Starts of the group terms (logits): ``group_reread`` and ``group_row_share`` 0.27,
 ``row_overlap`` 0.5, ``group_memory`` 0.875, ``group_q_rows`` 0.12."""
-_KERNEL_START = [math.log(5.0), math.log(0.1 / 1.9)]
+_KERNEL_START = [math.log(5.0), math.log(0.1 / 1.9), math.log(0.125 / 0.875)]
 """Starts of ``log(group_floor_us)`` (5 us) and of the ``group_step`` logit (0.1)."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
@@ -278,7 +278,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
     # log(per_unit_ns).
     c = 8 if head_dim else 7
     # x[9:12], where present: row_overlap, group_memory, group_q_rows (decode, with a limit);
-    # x[12:14], where present: log(group_floor_us) and the logit of group_step / 2.
+    # x[12:15], where present: log(group_floor_us) and the logits of group_step / 2 and
+    # group_row_step / 4.
     # x[7], where present, is the head-dimension exponent (prefill attention) or, with a
     # group limit, the logit of the per-query-head kernel's KV re-read share (decode).
     extra: dict[str, Any] = {
@@ -288,6 +289,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "group_q_rows": _sig(x[11]) if len(x) > 9 else 0.0,
         "group_floor_us": _exp(x[12]) if len(x) > 12 else None,
         "group_step": 2.0 * _sig(x[13]) if len(x) > 13 else 0.0,
+        "group_row_step": 4.0 * _sig(x[14]) if len(x) > 14 else 0.0,
         "head_dim_exp": decode_exp, "row_unit": "kv_head"} if group_limit else {
         "head_dim_exp": (float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7
                          else decode_exp),
@@ -330,6 +332,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        group_floor_us=(round(f.group_floor_us, 3) if f.group_limit
                                        and f.group_floor_us is not None else None),
                        group_step=round(f.group_step, 4) if f.group_limit else 0.0,
+                       group_row_step=round(f.group_row_step, 4) if f.group_limit else 0.0,
                        l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots,
                        head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks),
                        exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),

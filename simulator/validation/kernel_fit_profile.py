@@ -33,7 +33,8 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                 del dumped["row_unit"]
             for off in ("tile_m", "tile_n", "split_k", "tile_k0", "pack_gqa", "head_dim_exp",
                         "tile_dispatch", "moe_kernel", "causal_tail", "softmax_dim",
-                        "per_unit_ns", "head_tile", "resident_blocks", "exposed", "per_group_ns"):
+                        "per_unit_ns", "head_tile", "resident_blocks", "exposed", "per_group_ns",
+                        "group_row_step"):
                 if not dumped[off]:
                     del dumped[off]
             for one in ("kv_reread_share", "l2_speedup"):  # 1: the term is off
