@@ -426,3 +426,83 @@ def test_kernel_fit_finds_the_decode_kernels_head_dimension_exponent() -> None:
     assert blind.head_dim_exp == 0.0
     # Without it the long contexts of head dimension 64 and 256 are 15-20 % off.
     assert evaluate(blind_rows, H100, blind)["p90_ape_after"] > 10.0
+
+
+def test_a_decode_kernel_that_does_not_split_the_context_is_priced_on_its_longest_sequence(
+) -> None:
+    """A whole-context partition (``tile_m`` = WHOLE_CONTEXT) has one block per sequence and
+    KV head: a batch with one long sequence among short ones takes at least that sequence
+    alone, single steps and decode series agree, and equal sequences are priced as the fit
+    prices its measured shapes."""
+    from simulator.hardware.operator_fits import WHOLE_CONTEXT
+    from simulator.validation.kernel_fit import Samples
+    from simulator.validation.kernel_fit_predict import predict
+
+    fit = DECODE.model_copy(update={"tile_m": WHOLE_CONTEXT, "half_units": 60.0})
+    model = _model("Llama-3.1-8B", fit)
+    assert model.decode_needs_longest
+    assert not _model("Llama-3.1-8B", DECODE).decode_needs_longest
+    long_one = BatchShape.decode(8, 7 * 64 + 32_768, 32_768)
+    alone = BatchShape.decode(1, 32_768, 32_768)
+    even = BatchShape.decode(8, 7 * 64 + 32_768)  # no longest given: the bound
+    assert model.step(long_one).seconds >= model.step(alone).seconds
+    assert model.step(even).seconds >= model.step(long_one).seconds
+    series = model.decode_series(8, np.array([7 * 64 + 32_768.0, 7 * 65 + 32_769.0]),
+                                 np.array([32_768.0, 32_769.0]))
+    assert series.seconds[0] == pytest.approx(model.step(long_one).seconds, rel=1e-9)
+    # Eight equal sequences of 4,096 tokens: the step model's layer time is the fit's.
+    m = get_model("Llama-3.1-8B")
+    seqs, kv, kvh, hd = 8.0, 4096.0, float(m.num_kv_heads), float(m.head_dim)
+    flops = np.array([4 * m.num_attention_heads * hd * kv * seqs])
+    kv_bytes = np.array([seqs * kv * 2 * kvh * hd * 2])
+    nbytes = kv_bytes + seqs * (m.q_width + m.attn_out_width) * 2
+    samples = Samples("attention_decode", "bf16", flops, nbytes,
+                      np.array([decode_units(seqs, seqs * kv, kvh)]),
+                      np.array([seqs * kvh]), np.zeros(1), np.array([False]), "synthetic",
+                      np.array([seqs * kvh]), (np.array([seqs]), np.array([seqs * kv]),
+                                               np.array([kvh])), np.array([hd]))
+    measured = predict(samples, H100, fit.model_copy(update={"row_unit": "kv_head"}),
+                       np.arange(1))[0]
+    op = model._decode_attention_op(8, 8 * 4096, 4096)
+    compute, memory, _ = model._roofline("attention_decode", *op[:2], 1, op[2],
+                                         8 * model._decode_rows, op[3])
+    assert max(compute, memory) == pytest.approx(measured, rel=1e-9)
+
+
+def test_kernel_fit_offers_a_whole_context_partition_where_the_tables_show_one() -> None:
+    """Synthetic decode timings of a kernel with one block per sequence and KV head: offered
+    the whole-context partition (TensorRT-LLM on L40S), the fit takes it and prices the
+    held-out layouts to within 1 %; without it, one sequence of a long context is far off."""
+    from simulator.hardware.operator_fits import WHOLE_CONTEXT
+    from simulator.validation.kernel_fit import NO_SPLIT_DECODE_TABLES, evaluate, fit_family
+
+    from simulator.validation.kernel_fit import Samples
+    from simulator.validation.kernel_fit_predict import predict
+
+    assert "l40s" in NO_SPLIT_DECODE_TABLES["trtllm"]
+    truth = DECODE.model_copy(update={"tile_m": WHOLE_CONTEXT, "half_units": 60.0,
+                                      "row_unit": "kv_head"})
+    rng = np.random.default_rng(13)
+    n = 2400
+    layouts = np.array([(32, 8), (64, 8), (32, 32), (16, 4), (8, 8), (40, 8), (64, 4), (24, 8)],
+                       float)
+    heads, kvh = layouts[rng.integers(0, len(layouts), n)].T
+    batch = rng.choice([1.0, 8.0, 64.0, 512.0], n)
+    kv = rng.choice([16.0, 512.0, 4096.0, 32768.0], n)
+    hd = 128.0
+    kv_bytes = batch * kv * 2 * kvh * hd * 2
+    held = np.isin(heads * 1000 + kvh, [64 * 1000 + 8, 16 * 1000 + 4])
+    samples = Samples("attention_decode", "bf16", 4 * heads * hd * kv * batch,
+                      kv_bytes + batch * 2 * heads * hd * 2,
+                      decode_units(batch, batch * kv, kvh), batch * heads, np.zeros(n), held,
+                      "synthetic", batch * kvh, (batch, batch * kv, kvh), None, heads / kvh,
+                      kv_bytes)
+    per_kv = replace(samples, rows=samples.kv_rows, kv_rows=None)
+    samples = replace(samples, seconds=predict(per_kv, H100, truth, np.arange(n)))
+    rows, fitted = fit_family(samples, H100, whole_context=True)
+    assert fitted.tile_m == WHOLE_CONTEXT
+    assert evaluate(rows, H100, fitted)["median_ape_after"] < 1.0
+    split_rows, split = fit_family(samples, H100)
+    assert split.tile_m != WHOLE_CONTEXT
+    lone = samples.held_out & (batch == 1.0) & (kv == 32768.0)
+    assert evaluate(replace(split_rows, held_out=lone), H100, split)["median_error_after"] < -20

@@ -108,6 +108,7 @@ class OperatorPricing:
     _decode_split: int
     _decode_kvh: float
     _whole_context: bool
+    _by_longest: bool
     _decode_resident: float | None
     _decode_kv_elems: float
     _decode_rows: float
@@ -196,7 +197,7 @@ class OperatorPricing:
             return flops, nbytes, units, quant
         # One step's floats; a decode series makes the same choice per element in
         # InstanceCostModel._decode_series_parts.
-        single = (float(longest) if longest and self._whole_context
+        single = (float(longest) if longest and self._by_longest
                   else max(float(ctx) - (seqs - 1), 1.0))
         flops1, nbytes1 = self._decode_attention_work(1, single)
         units1, quant1 = self._decode_units(1, single, single)

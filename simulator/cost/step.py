@@ -27,7 +27,12 @@ from simulator.cost.roofline import (
     decode_units,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import OperatorFit, key_tile_extra, moe_fit_labels
+from simulator.hardware.operator_fits import (
+    WHOLE_CONTEXT,
+    OperatorFit,
+    key_tile_extra,
+    moe_fit_labels,
+)
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
@@ -148,6 +153,10 @@ class InstanceCostModel(OperatorPricing):
         self._decode_step_per_ctx = self._decode_per_ctx
         self._whole_context = bool(decode is not None and decode.head_tile
                                    and m.attention == "mla")
+        # A decode kernel that does not split the context (MLA's head tiles, or a whole-context
+        # partition): a batch is priced at least as its longest sequence alone.
+        self._by_longest = self._whole_context or bool(
+            decode is not None and decode.tile_m == WHOLE_CONTEXT)
         self._decode_resident = self._sms
         if decode is not None and self._whole_context:
             self._decode_resident = decode.resident_blocks or self._sms
@@ -255,8 +264,8 @@ class InstanceCostModel(OperatorPricing):
     def decode_needs_longest(self) -> bool:
         """Whether a decode step's price depends on its longest context, not only on its
         size and context sum: a decode-attention kernel that does not split the context
-        (``OperatorFit.head_tile``)."""
-        return self._whole_context
+        (``OperatorFit.head_tile``, or a whole-context partition)."""
+        return self._by_longest
 
     def decode_series(self, seqs: int, ctx_sums: np.ndarray,
                       longest: np.ndarray | None = None) -> DecodeSeries:
@@ -328,8 +337,9 @@ class InstanceCostModel(OperatorPricing):
         flops, nbytes = self._decode_attention_work(seqs, ctx)
         bound = np.maximum(ctx - (seqs - 1), 1.0)  # the longest a sequence can be
         most = bound
+        if self._by_longest and longest is not None:
+            most = np.where(longest > 0, longest, bound)
         if self._whole_context:  # the same floats as _decode_units, per element
-            most = bound if longest is None else np.where(longest > 0, longest, bound)
             units = decode_units(seqs, ctx, kvh, self._decode_split)
             quant = whole_context_quantisation(kvh, ctx, most, self._decode_resident)
         else:

@@ -105,6 +105,13 @@ query rows and no split of the context (``OperatorFit.head_tile``): TensorRT-LLM
 SM89, where none of its MLA generation kernels applies (cpp/tensorrt_llm/common/
 attentionOp.cpp, ``mlaGeneration``). The MLA decode families there may also choose
 :data:`HEAD_TILE_CHOICES` query rows per block, on their training shapes only."""
+NO_SPLIT_DECODE_TABLES: dict[str, tuple[str, ...]] = {"trtllm": ("l40s",)}
+"""Tables (per engine) whose decode attention may run without splitting the context: their
+decode families may also choose a whole-context partition (``tile_m`` =
+:data:`WHOLE_CONTEXT`, one block per sequence and KV head), on their training shapes only.
+TensorRT-LLM's L40S FP8-KV tables stream in proportion to the sequences at long contexts
+(1.3.0rc20, 32 query over 4 KV heads of dimension 128, 64k tokens: 64 / 127 / 254 / 507
+GB/s for 1 / 2 / 4 / 8 sequences; with a BF16 KV cache one sequence streams 623 GB/s)."""
 HEAD_TILE_CHOICES = (64,)
 """Query rows per block of :data:`FMHA_MLA_DECODE_TABLES`: 64, as the tables show. One
 sequence takes the same time with 1 to 128 heads, and 128 heads take up to twice the time
@@ -442,8 +449,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
                causal: bool = True, remote: bool = True,
-               head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = ""
-               ) -> tuple[Samples, OperatorFit]:
+               head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = "",
+               whole_context: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -478,6 +485,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         variants.append((replace(family, rows=family.kv_rows, kv_rows=None), "kv_head"))
     tiles = (tile_choices(family.op) if device.sm_count and family.tiles is not None
              else ((0, 0, False),))
+    if whole_context and family.decode and family.heads is None and device.sm_count:
+        tiles = (*tiles, (WHOLE_CONTEXT, 0, False))  # a kernel that does not split the context
     best: tuple[float, Samples, OperatorFit] | None = None
 
     def consider(samples: Samples, unit: str, fitted: OperatorFit) -> None:
@@ -655,7 +664,9 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
             engine, ()) else ())
         s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
                                engine in CAUSAL_ENGINES, remote, head_tiles,
-                               key_tiles=key_tile_choice(engine, device, family.op))
+                               key_tiles=key_tile_choice(engine, device, family.op),
+                               whole_context=device.kernel_tables in NO_SPLIT_DECODE_TABLES.get(
+                                   engine, ()))
         if family.op in rank0:  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(rank0[family.op], device, dispatches, limits, moe_kernels,
                                 remote=remote)
