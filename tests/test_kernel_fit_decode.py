@@ -474,9 +474,7 @@ def test_kernel_fit_offers_a_whole_context_partition_where_the_tables_show_one()
     the whole-context partition (TensorRT-LLM on L40S), the fit takes it and prices the
     held-out layouts to within 1 %; without it, one sequence of a long context is far off."""
     from simulator.hardware.operator_fits import WHOLE_CONTEXT
-    from simulator.validation.kernel_fit import NO_SPLIT_DECODE_TABLES, evaluate, fit_family
-
-    from simulator.validation.kernel_fit import Samples
+    from simulator.validation.kernel_fit import NO_SPLIT_DECODE_TABLES, Samples, evaluate, fit_family
     from simulator.validation.kernel_fit_predict import predict
 
     assert "l40s" in NO_SPLIT_DECODE_TABLES["trtllm"]
