@@ -392,31 +392,43 @@ def test_the_decode_work_follows_the_fits_head_dimension_exponent(fit: OperatorF
     assert per_byte[0] > per_byte[1] > per_byte[2]
 
 
-def test_kernel_fit_finds_the_decode_kernels_head_dimension_exponent() -> None:
-    """Synthetic decode timings over head dimensions 64, 128 and 256 from a fit whose work
-    scales as head_dim ** -0.25: the fit offers the exponent on the terms it chose, keeps it,
-    recovers it and predicts the held-out layouts; without the head dimensions it cannot."""
-    from simulator.validation.kernel_fit import Samples, evaluate, fit_family
+def _random_decode(truth: OperatorFit, seed: int, head_dims: tuple[float, ...],
+                   per_kv_rows: bool) -> tuple[Any, tuple[np.ndarray, np.ndarray]]:
+    """2,400 decode-attention samples on H100 (BF16 KV) of random head layouts, batches,
+    contexts and ``head_dims``, timed by ``truth`` (its per-row work counted per KV head with
+    ``per_kv_rows``, else per query head); the layouts 64/8 and 16/4 are held out, and the
+    samples carry their head dimensions where there are several. Returns the samples and
+    their batch sizes and contexts."""
+    from simulator.validation.kernel_fit import Samples
     from simulator.validation.kernel_fit_predict import predict
 
-    truth = DECODE.model_copy(update={"head_dim_exp": -0.25})
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(seed)
     n = 2400
     layouts = np.array([(32, 8), (64, 8), (32, 32), (16, 4), (8, 8), (40, 8), (64, 4), (24, 8)],
                        float)
     heads, kvh = layouts[rng.integers(0, len(layouts), n)].T
     batch = rng.choice([1.0, 8.0, 64.0, 512.0], n)
     kv = rng.choice([16.0, 512.0, 4096.0, 32768.0], n)
-    hd = rng.choice([64.0, 128.0, 256.0], n)
-    flops = 4 * heads * hd * kv * batch
+    hd = rng.choice(np.array(head_dims), n)
     kv_bytes = batch * kv * 2 * kvh * hd * 2
-    nbytes = kv_bytes + batch * 2 * heads * hd * 2
     held = np.isin(heads * 1000 + kvh, [64 * 1000 + 8, 16 * 1000 + 4])
-    samples = Samples("attention_decode", "bf16", flops, nbytes,
+    samples = Samples("attention_decode", "bf16", 4 * heads * hd * kv * batch,
+                      kv_bytes + batch * 2 * heads * hd * 2,
                       decode_units(batch, batch * kv, kvh), batch * heads, np.zeros(n), held,
-                      "synthetic", batch * kvh, (batch, batch * kv, kvh), hd, heads / kvh,
-                      kv_bytes)
-    samples = replace(samples, seconds=predict(samples, H100, truth, np.arange(n)))
+                      "synthetic", batch * kvh, (batch, batch * kv, kvh),
+                      hd if len(head_dims) > 1 else None, heads / kvh, kv_bytes)
+    timed = replace(samples, rows=samples.kv_rows, kv_rows=None) if per_kv_rows else samples
+    return replace(samples, seconds=predict(timed, H100, truth, np.arange(n))), (batch, kv)
+
+
+def test_kernel_fit_finds_the_decode_kernels_head_dimension_exponent() -> None:
+    """Synthetic decode timings over head dimensions 64, 128 and 256 from a fit whose work
+    scales as head_dim ** -0.25: the fit offers the exponent on the terms it chose, keeps it,
+    recovers it and predicts the held-out layouts; without the head dimensions it cannot."""
+    from simulator.validation.kernel_fit import evaluate, fit_family
+
+    truth = DECODE.model_copy(update={"head_dim_exp": -0.25})
+    samples, _ = _random_decode(truth, 11, (64.0, 128.0, 256.0), per_kv_rows=False)
     rows, fitted = fit_family(samples, H100)
     assert fitted.head_dim_exp == pytest.approx(-0.25, abs=0.02)
     scored = evaluate(rows, H100, fitted)
@@ -474,29 +486,12 @@ def test_kernel_fit_offers_a_whole_context_partition_where_the_tables_show_one()
     the whole-context partition (TensorRT-LLM on L40S), the fit takes it and prices the
     held-out layouts to within 1 %; without it, one sequence of a long context is far off."""
     from simulator.hardware.operator_fits import WHOLE_CONTEXT
-    from simulator.validation.kernel_fit import NO_SPLIT_DECODE_TABLES, Samples, evaluate, fit_family
-    from simulator.validation.kernel_fit_predict import predict
+    from simulator.validation.kernel_fit import NO_SPLIT_DECODE_TABLES, evaluate, fit_family
 
     assert "l40s" in NO_SPLIT_DECODE_TABLES["trtllm"]
     truth = DECODE.model_copy(update={"tile_m": WHOLE_CONTEXT, "half_units": 60.0,
                                       "row_unit": "kv_head"})
-    rng = np.random.default_rng(13)
-    n = 2400
-    layouts = np.array([(32, 8), (64, 8), (32, 32), (16, 4), (8, 8), (40, 8), (64, 4), (24, 8)],
-                       float)
-    heads, kvh = layouts[rng.integers(0, len(layouts), n)].T
-    batch = rng.choice([1.0, 8.0, 64.0, 512.0], n)
-    kv = rng.choice([16.0, 512.0, 4096.0, 32768.0], n)
-    hd = 128.0
-    kv_bytes = batch * kv * 2 * kvh * hd * 2
-    held = np.isin(heads * 1000 + kvh, [64 * 1000 + 8, 16 * 1000 + 4])
-    samples = Samples("attention_decode", "bf16", 4 * heads * hd * kv * batch,
-                      kv_bytes + batch * 2 * heads * hd * 2,
-                      decode_units(batch, batch * kv, kvh), batch * heads, np.zeros(n), held,
-                      "synthetic", batch * kvh, (batch, batch * kv, kvh), None, heads / kvh,
-                      kv_bytes)
-    per_kv = replace(samples, rows=samples.kv_rows, kv_rows=None)
-    samples = replace(samples, seconds=predict(per_kv, H100, truth, np.arange(n)))
+    samples, (batch, kv) = _random_decode(truth, 13, (128.0,), per_kv_rows=True)
     rows, fitted = fit_family(samples, H100, whole_context=True)
     assert fitted.tile_m == WHOLE_CONTEXT
     assert evaluate(rows, H100, fitted)["median_ape_after"] < 1.0
