@@ -220,7 +220,8 @@ _GROUP_START = [-1.0, -1.0, 0.0, math.log(0.375 / 1.125), -2.0]
 """Starts of the group terms (logits): ``group_reread`` and ``group_row_share`` 0.27,
 ``row_overlap`` 0.5, ``group_memory`` 0.875, ``group_q_rows`` 0.12."""
 _KERNEL_START = [math.log(5.0), math.log(0.1 / 1.9), math.log(0.125 / 0.875)]
-"""Starts of ``log(group_floor_us)`` (5 us) and of the ``group_step`` logit (0.1)."""
+"""Starts of ``log(group_floor_us)`` (5 us) and of the ``group_step`` (0.1) and
+``group_row_step`` (0.5) logits."""
 K0_CHOICES = (0, 128, 256, 512, 1024, 2048)
 """Per-tile fixed work (``OperatorFit.tile_k0``) a tiled GEMM-like fit may choose, once its
 tiles are chosen."""
@@ -446,6 +447,14 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             exposed, per_group, key_tiles, decode_hd))
 
 
+def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
+    """Whether a decode fit took the overlap terms (``row_overlap``, ``group_memory``,
+    ``group_q_rows``) and each kernel's own terms (``group_floor_us`` and the steps): the
+    ``overlap`` and ``floors`` of :func:`fit` that refit it with the same terms."""
+    terms = kept.row_overlap > 0 or kept.group_memory != 1 or kept.group_q_rows > 0
+    return terms, kept.group_floor_us is not None
+
+
 def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ...] = (),
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
                causal: bool = True, remote: bool = True,
@@ -535,8 +544,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                                             floors=floors, l2=l2))
         if best[2].group_limit:
             limit, kept = best[2].group_limit, best[2]
-            terms = kept.row_overlap > 0 or kept.group_memory != 1 or kept.group_q_rows > 0
-            floors = kept.group_floor_us is not None
+            terms, floors = _decode_terms(kept)
             for tile_m, tile_n, split_k in tiles:
                 if tile_m != kept.tile_m:
                     consider(per_kv, "kv_head", fit(per_kv, device, tile_m, tile_n, split_k,
@@ -588,12 +596,11 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     if family.decode and family.head_dim is not None and len(np.unique(family.head_dim)) > 1:
         # The chosen kernel terms with the work's exponent in the head dimension fitted.
         kept = best[2]
-        terms = kept.row_overlap > 0 or kept.group_memory != 1 or kept.group_q_rows > 0
+        terms, floors = _decode_terms(kept)
         consider(best[1], kept.row_unit, fit(
             best[1], device, kept.tile_m, kept.tile_n, kept.split_k,
-            group_limit=kept.group_limit, overlap=terms or kept.group_floor_us is not None,
-            floors=kept.group_floor_us is not None, l2=kept.l2_speedup != 1.0,
-            head_tile=kept.head_tile, decode_hd=True))
+            group_limit=kept.group_limit, overlap=terms or floors, floors=floors,
+            l2=kept.l2_speedup != 1.0, head_tile=kept.head_tile, decode_hd=True))
     return best[1], best[2]
 
 

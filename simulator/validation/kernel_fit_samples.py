@@ -52,10 +52,10 @@ class Samples:
     context tokens, KV heads)``."""
     head_dim: np.ndarray | None = None
     """Attention: the head dimension of each shape (``OperatorFit.head_dim_exp``). Decode
-    attention is offered the exponent only on the kernel terms it chose without it
+    attention is offered the exponent only once it has chosen its other terms
     (:func:`simulator.validation.kernel_fit.fit_family`), and keeps it where its training
-    shapes improve: fitted among the other terms on every choice it did not help vLLM's
-    H100 decode (8.2 -> 9.3 % held out)."""
+    shapes improve. (Offered in every decode choice instead, it had scored vLLM's H100
+    decode 8.2 -> 9.3 % held out.)"""
     group: np.ndarray | None = None
     """Decode attention: query heads per KV head (``OperatorFit.group_limit``)."""
     kv_bytes: np.ndarray | None = None
