@@ -439,10 +439,10 @@ class OperatorFit(Frozen):
         "sglang python/sglang/srt/layers/moe/fused_moe_triton/, `write_zeros_to_output` "
         "for expert id -1): (gate+up columns + hidden) elements per such slot, counted as "
         "per-row work at `per_row_ps` (:meth:`remote_rows`): a block that only writes zeros "
-        "runs at the rate blocks are scheduled, not at HBM bandwidth. In SGLang 0.5.14's "
-        "H100 tables one expert of 256 per rank (EP 256, 8 experts per token, hidden 3072) "
-        "takes 1.02 ms at 16,384 tokens, where its own 512 token slots are a GEMM of "
-        "microseconds."))
+        "runs at the rate blocks are scheduled, not at HBM bandwidth. (SGLang's kernel "
+        "tables time those slots as GEMM rows instead: their collector sets them to local "
+        "expert 0, which the fit can price as they were timed, "
+        "`kernel_fit.CLAMPED_MOE_ROUTINGS`.)"))
     exposed: float = Field(0.0, ge=0, le=1, description=(
         "GEMM-like families (GEMM, MoE) and prefill attention (:data:`EXPOSED_FAMILIES`): "
         "the share of the shorter of compute and memory time that the kernel does not "

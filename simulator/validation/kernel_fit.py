@@ -139,8 +139,19 @@ MOE_ROUTINGS = ("expected", "rank0")
 training shapes only: the step model's expected load under random routing, or the load the
 collector's balanced routing puts on the rank it times (at least one whole expert hit and
 one token slot on it, every hit expert distinct:
-:func:`~simulator.validation.kernel_fit_samples.balanced_rank0_load`). Only the samples
-change: the fitted function is the one the step model prices its own (expected) load with."""
+:func:`~simulator.validation.kernel_fit_samples.balanced_rank0_load`), and for the engines of
+:data:`CLAMPED_MOE_ROUTINGS` that rank with every slot of its tokens computed there. Only the
+samples change: the fitted function is the one the step model prices its own (expected) load
+with."""
+CLAMPED_MOE_ROUTINGS: dict[str, tuple[str, ...]] = {"sglang": ("rank0_clamped",)}
+"""Engines whose collector times rank 0 with every slot of its tokens computed there, offered
+that load as a further routing, chosen like the others on the training shapes only
+(:func:`~simulator.validation.kernel_fit_samples.balanced_rank0_clamped_load`):
+AIConfigurator's SGLang collector sets the slots routed to another rank's expert to local
+expert 0 before the Triton fused MoE runs (collector/sglang/collect_moe.py,
+``topk_ids.clamp(min=0)``). On A100 the 128-expert, top-8 layout of hidden size 2,048 at
+8,192 tokens takes 0.94-0.97 of its EP 1 time at EP 2-8, where the rank's own slots are
+1/2-1/8 of EP 1's."""
 MOE_KERNEL_FAMILIES: dict[str, dict[str, str]] = {
     "sglang": {"sglang_flashinfer_trtllm_moe": "_flashinfer_trtllm"}}
 """MoE rows an engine's tables time on a second kernel (the table's ``kernel_source``), fitted
@@ -645,11 +656,13 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     tuned = None if configs is None else configs.get(device.kernel_tables or "", frozenset())
     fp8 = MOE_FP8_DTYPES.get(engine, "fp8")
     folder, moe = _moe_version(base / "moe" / engine, version, kernels, tuned, fp8)
-    rank0: dict[str, Samples] = {}
+    loads: dict[str, list[Samples]] = {}
     if folder is not None:
         used.append(f"moe/{engine}/{folder.name}")
         samples += moe
-        rank0 = {s.op: s for s in moe_samples(folder, "rank0", kernels, tuned, fp8)}
+        for routing in MOE_ROUTINGS[1:] + CLAMPED_MOE_ROUTINGS.get(engine, ()):
+            for s in moe_samples(folder, routing, kernels, tuned, fp8):
+                loads.setdefault(s.op, []).append(s)
     fits: dict[str, OperatorFit] = {}
     rows: list[dict[str, Any]] = []
     curves: list[CollectiveCurve] = []
@@ -674,15 +687,14 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                key_tiles=key_tile_choice(engine, device, family.op),
                                whole_context=device.kernel_tables in NO_SPLIT_DECODE_TABLES.get(
                                    engine, ()))
-        if family.op in rank0:  # the timed rank's load: see MOE_ROUTINGS
-            s0, f0 = fit_family(rank0[family.op], device, dispatches, limits, moe_kernels,
-                                remote=remote)
+        for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
+            s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):
                 s, fitted = s0, f0
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
-        if s.op in rank0:
-            row["moe_load"] = "rank0" if s is rank0[s.op] else "expected"
+        if s.op in loads:
+            row["moe_load"] = s.routing
         # Keep a fit only where it beats the device-wide constants on the shapes it was
         # fitted on (the held-out shapes are never used to choose).
         row["kept"] = training_ape(s, device, fitted) < training_ape(s, device, None)

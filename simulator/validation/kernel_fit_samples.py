@@ -72,6 +72,9 @@ class Samples:
     remote: np.ndarray | None = None
     """MoE: the routed token slots whose expert is not on the timed rank
     (``OperatorFit.remote_slots``)."""
+    routing: str = ""
+    """MoE: the load of the timed rank the samples are priced with
+    (:data:`simulator.validation.kernel_fit.MOE_ROUTINGS`)."""
 
     @property
     def prefill(self) -> bool:
@@ -324,16 +327,40 @@ def balanced_rank0_load(tokens: np.ndarray, experts: np.ndarray, topk: np.ndarra
     return load[:, 0], load[:, 1]
 
 
+def balanced_rank0_clamped_load(tokens: np.ndarray, experts: np.ndarray, topk: np.ndarray,
+                                ep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(experts hit, token slots, tokens)`` of EP rank 0 under AIConfigurator's balanced
+    routing (:func:`balanced_rank0_load`) as its SGLang collector times the Triton fused MoE:
+    it hands the kernel only the tokens with at least one expert on rank 0, and sets each of
+    their slots routed to another rank to local expert 0 with weight 0
+    (ai-dynamo/aiconfigurator collector/sglang/collect_moe.py, ``build_rank0_workloads`` and
+    ``benchmark_config``: ``topk_ids.clamp(min=0)``, because the kernel indexes the weights
+    by expert id unmasked). Every slot of those tokens is therefore a GEMM row on the rank,
+    the other ranks' on expert 0. The engine itself runs no such rows (its kernel gives a
+    slot of another rank's expert a block that writes zeros, ``OperatorFit.remote_slots``);
+    only the samples carry them."""
+    out = [_rank0_load(int(t), int(e), int(k), int(p), clamped=True)
+           for t, e, k, p in zip(tokens, experts, topk, ep, strict=True)]
+    load = np.array(out, dtype=float).reshape(-1, 3)
+    return load[:, 0], load[:, 1], load[:, 2]
+
+
 @functools.cache
-def _rank0_load(tokens: int, experts: int, topk: int, ep: int) -> tuple[int, int]:
+def _rank0_load(tokens: int, experts: int, topk: int, ep: int, clamped: bool = False
+                ) -> tuple[int, ...]:
     stride = math.ceil(experts / topk)
     t = np.arange(tokens, dtype=float)[:, None]
     i = np.arange(topk, dtype=float)[None, :]
     offset = t if tokens >= stride else np.floor(t * stride / tokens)
     chosen = (offset + i * stride).astype(np.int64) % experts
     # A token's choices are distinct experts (they are stride apart), so no slot is lost.
-    counts = np.bincount(chosen.ravel(), minlength=experts)[: experts // ep]
-    return int((counts > 0).sum()), int(counts.sum())
+    local = chosen < experts // ep
+    counts = np.bincount(chosen[local], minlength=experts // ep)
+    if not clamped:
+        return int((counts > 0).sum()), int(counts.sum())
+    timed = local.any(axis=1)
+    counts[0] += int((~local[timed]).sum())
+    return int((counts > 0).sum()), int(timed.sum()) * topk, int(timed.sum())
 
 
 def moe_samples(folder: Path, routing: str = "expected",
@@ -385,8 +412,12 @@ def moe_samples(folder: Path, routing: str = "expected",
             continue
         tokens, h, inter, topk, experts, tp, ep = (p[c].to_numpy(float) for c in shape[:7])
         expert = 3 * h * inter / tp
+        rows, remote = tokens * h, tokens * topk
         if routing == "rank0":
             touched, tokens_here = balanced_rank0_load(tokens, experts, topk, ep)
+        elif routing == "rank0_clamped":
+            touched, tokens_here, timed = balanced_rank0_clamped_load(tokens, experts, topk, ep)
+            rows, remote = timed * h, None
         else:
             p_hit = 1.0 - (1.0 - topk / experts) ** tokens
             touched, tokens_here = experts / ep * p_hit, tokens * topk / ep
@@ -396,9 +427,10 @@ def moe_samples(folder: Path, routing: str = "expected",
         keys = p[shape[1:7]].astype(str).agg("/".join, axis=1)
         op = ("moe" if precision == "bf16" else "moe_fp8") + suffix
         out.append(Samples(op, precision, flops,
-                           nbytes, tokens_here, tokens * h, p["latency"].to_numpy(float) * 1e-3,
+                           nbytes, tokens_here, rows, p["latency"].to_numpy(float) * 1e-3,
                            _held_out(keys), f"{path} ({dtype}, balanced, {routing} load)",
                            tiles=(touched, tokens_here / np.maximum(touched, 1e-9),
                                   2 * inter / tp, h),
-                           remote=np.maximum(tokens * topk - tokens_here, 0.0)))
+                           remote=None if remote is None else np.maximum(remote - tokens_here, 0.0),
+                           routing=routing))
     return out
