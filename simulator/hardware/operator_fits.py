@@ -455,6 +455,24 @@ class OperatorFit(Frozen):
         "computes on the one before; with more KV heads the K/V re-read grows at the same "
         "FLOPs (eight KV heads of 128 dimensions against one, 8 query heads, 16 prompts "
         "of 2,048 tokens: 648 against 357 us in vLLM 0.24.0's H100 FP8-KV table)."))
+    sustained_us: float = Field(0.0, ge=0, description=(
+        "GEMM families: the compute time, microseconds, of one kernel at which it runs "
+        "halfway between the rate of `compute` and `sustained_rate` of it: a kernel of "
+        "compute time c runs at 1 / (1 + (1 / sustained_rate - 1) x c / (c + sustained_us)) "
+        "of that rate, the whole rate for short kernels and `sustained_rate` of it for long "
+        "ones (0: off). A dense GEMM at full tensor-core load draws the card's power limit, "
+        "and its clock falls once that load lasts: AIConfigurator's collector times each "
+        "shape over "
+        "a few graph replays (collector/helper.py `benchmark_with_power`: 3 warm-ups, 6 "
+        "runs), a window of milliseconds for a short GEMM and of seconds for a long one. "
+        "The tables show it where kernels run long: TensorRT-LLM 1.3.0rc20's B200 BF16 "
+        "GEMMs reach 1,460 TFLOP/s at 1-4 ms and 1,215-1,340 at 16-128 ms; SGLang 0.5.14's "
+        "L40S FP8 GEMMs 275 TFLOP/s at 2 ms and 160 beyond 100 ms. The step model prices each "
+        "GEMM by its own length as the fit does; a long run of prefill steps would hold the "
+        "clock down for shorter GEMMs too, which this does not model."))
+    sustained_rate: float = Field(1.0, gt=0, le=1, description=(
+        "GEMM families: the share of the `compute` rate a long kernel keeps "
+        "(`sustained_us`; 1: the term is off)."))
     l2_speedup: float = Field(1.0, ge=1, le=20, description=(
         "How many times faster than its memory term an operator runs whose working set "
         "stays in the L2 cache between back-to-back calls (1: no such term). A condition of "
@@ -585,6 +603,10 @@ class OperatorFit(Frozen):
             flops_eff = flops * under
         half_flops, half_bytes = self.half_flops * kernels, self.half_bytes * kernels
         compute = (flops_eff + half_flops) / (peak_flops * self.compute) * (flops > 0)
+        if self.sustained_rate != 1.0:  # a long kernel runs at a lower clock
+            longer = compute / (kernels * self.sustained_us * 1e-6)
+            compute = compute * (1.0 + (1.0 / self.sustained_rate - 1.0)
+                                 * longer / (1.0 + longer))
         memory = (nbytes * under + half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
         return compute, memory
 
@@ -684,8 +706,8 @@ class OperatorFits(Frozen):
     @model_validator(mode="after")
     def _terms_of_their_families(self) -> OperatorFits:
         """``exposed`` belongs to GEMM, MoE and prefill-attention fits, ``per_group_ns`` to
-        MoE fits and ``key_tiles`` to prefill-attention fits: the step model prices them
-        there only."""
+        MoE fits, ``key_tiles`` to prefill-attention fits and the slower rate of a long
+        kernel (``sustained_rate``) to GEMM fits: the fits are made there only."""
         for family, fit in self.fits.items():
             if fit.exposed and not family.startswith(EXPOSED_FAMILIES):
                 raise ValueError(f"fits.{family}.exposed: only GEMM, MoE and prefill-attention "
@@ -694,6 +716,9 @@ class OperatorFits(Frozen):
             if fit.per_group_ns and not family.startswith("moe"):
                 raise ValueError(f"fits.{family}.per_group_ns: only MoE families (moe*) "
                                  f"take it; got {fit.per_group_ns}")
+            if fit.sustained_rate != 1.0 and not family.startswith("gemm"):
+                raise ValueError(f"fits.{family}.sustained_rate: only GEMM families (gemm*) "
+                                 f"take it; got {fit.sustained_rate}")
             if fit.key_tiles and not takes_key_tiles(family):
                 raise ValueError(f"fits.{family}.key_tiles: only prefill-attention families "
                                  f"(attention_prefill*, not MLA) take it; got "

@@ -267,13 +267,19 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             head_dim: bool = True, reread: bool = True, per_unit: bool = False,
             l2: bool = False, remote: bool = False, head_tile: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
-            decode_hd: bool = False) -> OperatorFit:
-    # ``key_tiles`` is a choice, not a fitted element (OperatorFit.key_tiles). With ``l2``,
+            decode_hd: bool = False, sustained: bool = False) -> OperatorFit:
+    # ``key_tiles`` is a choice, not a fitted element (OperatorFit.key_tiles). With
+    # ``sustained`` (GEMM families) the last two elements are log(sustained_us) and the logit
+    # of sustained_rate (OperatorFit.sustained_us, sustained_rate); before them, with ``l2``,
     # the last element is log(l2_speedup - 1) (OperatorFit.l2_speedup); with ``decode_hd``
     # (decode attention), the one before (or the last without ``l2``) is the head-dimension
     # exponent (OperatorFit.head_dim_exp); with ``exposed``, the one before that is the
     # logit of OperatorFit.exposed; with ``per_group``, the one before that is
     # log(per_group_ns); the others keep their places below.
+    after_us, rate = ((100.0 + min(_exp(x[-2]), 1e6), 0.2 + 0.8 * _sig(x[-1])) if sustained
+                      else (0.0, 1.0))
+    if sustained:
+        x = x[:-2]
     speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
     if l2:
         x = x[:-1]
@@ -325,8 +331,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        tile_dispatch=dispatch if tile_n else "",
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
                        remote_slots=remote, head_tile=head_tile, resident_blocks=resident,
-                       exposed=share, per_group_ns=group_ns,
-                       key_tiles=key_tiles)  # type: ignore[arg-type]
+                       exposed=share, per_group_ns=group_ns, sustained_us=after_us,
+                       sustained_rate=rate, key_tiles=key_tiles)  # type: ignore[arg-type]
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -355,6 +361,8 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots,
                        head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks),
                        exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),
+                       sustained_us=sig4(f.sustained_us) if f.sustained_rate < 1 else 0.0,
+                       sustained_rate=round(f.sustained_rate, 4) if f.sustained_us else 1.0,
                        key_tiles=f.key_tiles)
 
 
@@ -364,7 +372,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
         floors: bool = False, l2: bool = False, remote: bool = False,
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
-        key_tiles: str = "", decode_hd: bool = False) -> OperatorFit:
+        key_tiles: str = "", decode_hd: bool = False, sustained: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -385,7 +393,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     (``OperatorFit.per_group_ns``); prefill attention with ``key_tiles``, the whole key
     blocks of a kernel's tile table (``OperatorFit.key_tiles``); decode attention with
     ``decode_hd``, the exponent its work takes in the head dimension
-    (``OperatorFit.head_dim_exp``)."""
+    (``OperatorFit.head_dim_exp``); a GEMM family with ``sustained``, a rate that falls
+    with the kernel's compute time (``OperatorFit.sustained_us`` from 100 us to 1 s,
+    ``sustained_rate`` from 0.2 to 1)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -410,7 +420,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     def residual(x: np.ndarray) -> np.ndarray:
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
-                        l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd)
+                        l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
+                        sustained)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -437,7 +448,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([math.log(1.0)] if per_unit else []),
                        *([math.log(100.0)] if per_group else []),
                        *([math.log(0.3 / 0.7)] if exposed else []),
-                       *([0.0] if decode_hd else []), *([0.0] if l2 else [])])
+                       *([0.0] if decode_hd else []), *([0.0] if l2 else []),
+                       *([math.log(1000.0), 1.0] if sustained else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -455,7 +467,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
-                            exposed, per_group, key_tiles, decode_hd))
+                            exposed, per_group, key_tiles, decode_hd, sustained))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -604,6 +616,14 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 causal=bool(kept.causal_tail), softmax=bool(kept.softmax_dim),
                 l2=kept.l2_speedup != 1.0, remote=kept.remote_slots, exposed=share,
                 per_group=groups, key_tiles=kept.key_tiles))
+    if family.op.startswith("gemm") and family.tiles is not None:
+        # The chosen terms with the lower rate of a long kernel (OperatorFit.sustained_us).
+        kept = best[2]
+        samples = family if kept.tile_dispatch else best[1]
+        consider(samples, kept.row_unit, fit(
+            samples, device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
+            kept.pack_gqa, kept.tile_dispatch, l2=kept.l2_speedup != 1.0,
+            exposed=bool(kept.exposed), sustained=True))
     if family.decode and family.head_dim is not None and len(np.unique(family.head_dim)) > 1:
         # The chosen kernel terms with the work's exponent in the head dimension fitted.
         kept = best[2]

@@ -37,7 +37,9 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                         "group_row_step"):
                 if not dumped[off]:
                     del dumped[off]
-            for one in ("kv_reread_share", "l2_speedup"):  # 1: the term is off
+            if not dumped["sustained_us"]:
+                del dumped["sustained_us"]
+            for one in ("kv_reread_share", "l2_speedup", "sustained_rate"):  # 1: term off
                 if dumped[one] == 1.0:
                     del dumped[one]
             if not dumped["remote_slots"]:

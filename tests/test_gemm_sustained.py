@@ -1,0 +1,87 @@
+"""A long GEMM's slower rate (``OperatorFit.sustained_us``, ``sustained_rate``).
+
+A dense GEMM at full tensor-core load draws the card's power limit; AIConfigurator's
+collector times a long kernel over a window long enough for the clock to fall, and its
+tables show the lower rate (TensorRT-LLM's B200 BF16 GEMMs 1,460 TFLOP/s at 1-4 ms,
+1,215-1,340 at 16-128 ms).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.hardware import load_device
+from simulator.hardware.operator_fits import OperatorFit, OperatorFits
+
+H100 = load_device("H100-SXM")
+BASE = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=1e6, floor_us=5.0)
+SLOW = BASE.model_copy(update={"sustained_us": 1000.0, "sustained_rate": 0.75})
+PEAK, BW = 1e15, 3e12
+
+
+def test_a_long_kernel_runs_at_the_lower_rate_and_a_short_one_at_the_whole_rate() -> None:
+    """``sustained_us`` 1,000, ``sustained_rate`` 0.75 (a third more time at the lower
+    rate): a kernel of 1 ms compute takes half of that third more, 1 s nearly all of it,
+    10 us nearly none. A group of two kernels pays it per kernel: two GEMMs of 1 ms each
+    take what each takes alone."""
+    def flops(seconds: float, kernels: int = 1) -> float:  # FLOPs of that compute time
+        return seconds * PEAK * 0.7 - kernels * 1e9
+
+    def compute(fit: OperatorFit, seconds: float, kernels: int = 1) -> float:
+        return float(fit.parts(PEAK, BW, flops(seconds, kernels), 1e3, kernels=kernels)[0])
+
+    assert compute(SLOW, 1e-3) == pytest.approx(1e-3 * (1 + (1 / 3) / 2), rel=1e-9)
+    assert compute(SLOW, 1.0) == pytest.approx(1.0 * (1 + (1 / 3) * 1000 / 1001), rel=1e-9)
+    assert compute(SLOW, 1e-5) == pytest.approx(1e-5 * (1 + (1 / 3) * 10 / 1010), rel=1e-9)
+    assert compute(BASE, 1e-3) == pytest.approx(1e-3, rel=1e-9)
+    assert compute(SLOW, 2e-3, kernels=2) == pytest.approx(2 * compute(SLOW, 1e-3), rel=1e-9)
+    # Arrays price as scalars do.
+    arr = SLOW.parts(PEAK, BW, np.array([flops(1e-3), flops(1.0)]), np.array([1e3, 1e3]))[0]
+    assert arr.tolist() == pytest.approx([compute(SLOW, 1e-3), compute(SLOW, 1.0)], rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1.0, 1e16), st.floats(1.0, 1e12), st.floats(1.0, 4.0))
+def test_a_slower_long_rate_never_makes_more_work_faster(f: float, b: float,
+                                                         grow: float) -> None:
+    base = SLOW.seconds(PEAK, BW, f, b)
+    assert SLOW.seconds(PEAK, BW, f * grow, b) >= base
+    assert SLOW.seconds(PEAK, BW, f, b) >= BASE.seconds(PEAK, BW, f, b)
+
+
+def test_only_gemm_families_take_it() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"moe\.sustained_rate: only GEMM families"):
+        OperatorFits(source="t", fits={"moe": SLOW})
+    OperatorFits(source="t", fits={"gemm": SLOW, "gemm_fp8": SLOW, "gemm_fp4": SLOW})
+
+
+def test_kernel_fit_recovers_a_long_kernels_rate_on_held_out_shapes() -> None:
+    """Synthetic GEMM timings whose long kernels run at 0.7 of the rate (halfway at 2 ms of
+    compute): the fit offered the term finds it and prices shapes it never saw to within
+    1 %; without it the long GEMMs of those shapes are priced too fast."""
+    from simulator.validation.kernel_fit import Samples, evaluate, fit
+
+    true = BASE.model_copy(update={"sustained_us": 2000.0, "sustained_rate": 0.7})
+    rng = np.random.default_rng(3)
+    m = np.exp(rng.uniform(0, np.log(65536), 900)).round()
+    n = rng.choice([512.0, 1536.0, 4096.0, 8192.0, 28672.0], 900)
+    k = rng.choice([512.0, 1024.0, 4096.0, 8192.0], 900)
+    flops, nbytes = 2 * m * n * k, 2 * (m * k + k * n + m * n)
+    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
+    seconds = true.seconds(peak, bw, flops, nbytes, m, m * k)
+    held_out = n == 4096.0
+    samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, held_out, "synthetic")
+    found = fit(samples, H100, sustained=True)
+    assert found.sustained_rate == pytest.approx(0.7, abs=0.03)
+    assert found.sustained_us == pytest.approx(2000.0, rel=0.15)
+    assert evaluate(samples, H100, found)["median_ape_after"] < 1.0
+    plain = fit(samples, H100)
+    long = held_out & (seconds > 4e-3)
+    from simulator.validation.kernel_fit_predict import predict
+    off = predict(samples, H100, plain, np.flatnonzero(long)) / seconds[long] - 1
+    assert np.median(off) < -0.05
