@@ -8,6 +8,9 @@ tables show the lower rate (TensorRT-LLM's B200 BF16 GEMMs 1,460 TFLOP/s at 1-4 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,6 +23,7 @@ H100 = load_device("H100-SXM")
 BASE = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=1e6, floor_us=5.0)
 SLOW = BASE.model_copy(update={"sustained_us": 1000.0, "sustained_rate": 0.75})
 PEAK, BW = 1e15, 3e12
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_long_kernel_runs_at_the_lower_rate_and_a_short_one_at_the_whole_rate() -> None:
@@ -85,3 +89,26 @@ def test_kernel_fit_recovers_a_long_kernels_rate_on_held_out_shapes() -> None:
     from simulator.validation.kernel_fit_predict import predict
     off = predict(samples, H100, plain, np.flatnonzero(long)) / seconds[long] - 1
     assert np.median(off) < -0.05
+
+
+def test_a_lower_rate_without_its_length_is_refused_with_the_file_and_key(
+        tmp_path: Path) -> None:
+    """``sustained_rate`` below 1 without ``sustained_us`` would divide by zero when priced:
+    a device profile giving it is refused where it is read, naming the file and the fit."""
+    from pydantic import ValidationError
+
+    from simulator.errors import ConfigError
+    from simulator.hardware.registry import load_device
+
+    with pytest.raises(ValidationError, match=r"sustained_rate 0.8 needs sustained_us > 0"):
+        BASE.model_validate({**BASE.model_dump(), "sustained_rate": 0.8})
+    text = (REPO / "hardware_profiles" / "devices" / "H100-SXM.yaml").read_text()
+    fit = re.search(r"      gemm: \{[^}]*\}", text)
+    assert fit is not None
+    assert "sustained_us" in fit.group(0)
+    broken = re.sub(r"sustained_us: [0-9.e+]+, ", "", fit.group(0))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(fit.group(0), broken, 1))
+    with pytest.raises(ConfigError, match=r"bad\.yaml: operators\.\w+\.fits\.gemm: "
+                                          r"sustained_rate [0-9.]+ needs sustained_us > 0"):
+        load_device(str(bad))

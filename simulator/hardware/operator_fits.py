@@ -462,9 +462,8 @@ class OperatorFit(Frozen):
         "of that rate, the whole rate for short kernels and `sustained_rate` of it for long "
         "ones (0: off). A dense GEMM at full tensor-core load draws the card's power limit, "
         "and its clock falls once that load lasts: AIConfigurator's collector times each "
-        "shape over "
-        "a few graph replays (collector/helper.py `benchmark_with_power`: 3 warm-ups, 6 "
-        "runs), a window of milliseconds for a short GEMM and of seconds for a long one. "
+        "shape over a few graph replays (collector/helper.py `benchmark_with_power`: 3 "
+        "warm-ups, 6 runs), a window of milliseconds for a short GEMM and of seconds for a long one. "
         "The tables show it where kernels run long: TensorRT-LLM 1.3.0rc20's B200 BF16 "
         "GEMMs reach 1,460 TFLOP/s at 1-4 ms and 1,215-1,340 at 16-128 ms; SGLang 0.5.14's "
         "L40S FP8 GEMMs 275 TFLOP/s at 2 ms and 160 beyond 100 ms. The step model prices each "
@@ -509,6 +508,14 @@ class OperatorFit(Frozen):
         "Fitted: in the A100 and L40S tables (16 heads, 16,384-token contexts) the time "
         "grows linearly past about 74 and 46 sequences, on 108 and 142 SMs."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
+
+    @model_validator(mode="after")
+    def _sustained_needs_its_length(self) -> OperatorFit:
+        if self.sustained_rate != 1.0 and self.sustained_us <= 0:
+            raise ValueError(f"sustained_rate {self.sustained_rate} needs sustained_us > 0 "
+                             "(the compute time, microseconds, at which a kernel runs halfway "
+                             "to that rate); give both or neither")
+        return self
 
     def head_blocks(self, heads: Any) -> tuple[Any, Any]:
         """``(blocks per sequence, FLOPs multiplier)`` of MLA decode attention with
