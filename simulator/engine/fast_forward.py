@@ -4,7 +4,7 @@ When an instance's batch is decode-only and cannot change until a known step (th
 completion, or the first step whose KV growth would not fit), its steps are priced in one
 vectorised call and the clock jumps to the end. The result must be that of step-by-step
 simulation, so one rule holds, enforced by the instance's gate (:func:`observes`,
-:func:`mutates`):
+:func:`mutates`; :func:`unbooked` marks the reads a jump cannot affect):
 
 * every outside **read** of the instance first brings the jump up to date: the KV blocks
   of the steps that have started by now are booked, as step-by-step simulation allocates
@@ -50,11 +50,25 @@ def observes(fn: F) -> F:
     def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
         jump = self._jump
         if jump is not None:
-            jump.sync(self._kv.blocks, self.env.now)
+            now = self.env.now
+            if now != jump.last_sync:  # routers read many times in one instant
+                jump.sync(self._kv.blocks, now)
         return fn(self, *args, **kwargs)
 
     gated.__gate__ = "observes"  # type: ignore[attr-defined]
     return gated  # type: ignore[return-value]
+
+
+def unbooked(fn: F) -> F:
+    """Gate of an outside read of state a jump never changes (the instance's constants,
+    its life: alive, powered, draining): nothing to bring up to date, so no wrapper.
+
+    A jump changes the KV booked, the sequences' tokens and the step rows; a read of
+    anything else returns the same whether the jump's steps are booked now or later
+    (booking is a function of the clock, not of when it is done).
+    """
+    fn.__gate__ = "unbooked"  # type: ignore[attr-defined]
+    return fn
 
 
 def mutates(fn: F) -> F:

@@ -32,7 +32,7 @@ import simpy
 from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import SchedulerSpec
-from simulator.engine.fast_forward import Jump, mutates, observes
+from simulator.engine.fast_forward import Jump, mutates, observes, unbooked
 from simulator.engine.instance_life import InstanceLife
 from simulator.engine.kv_manager import KVManager
 from simulator.engine.lifecycle import Lifecycle
@@ -193,7 +193,7 @@ class Instance(InstanceLife):
                 and len(self._waiting) + len(self._running) + len(self._held)
                 < self.max_running)
 
-    @observes
+    @unbooked
     def can_ever_hold(self, req: Request) -> bool:
         """Whether this instance's whole KV could hold ``req``: its prompt (and tokens
         generated before a restart) on a prefill instance, prompt + output otherwise."""

@@ -3,13 +3,14 @@ straggler speed, the autoscaler's TTFT/TPOT signals, failure and recovery.
 
 :class:`InstanceLife` is a base of :class:`~simulator.engine.instance.Instance`: like every
 public member there, each of these passes the fast-forward gate (``@observes`` for reads,
-``@mutates`` for writes). The state they read and change is the instance's own
+``@mutates`` for writes, ``@unbooked`` for reads of liveness, power and draining, which a
+jump never changes). The state they read and change is the instance's own
 (:class:`~simulator.engine.lifecycle.Lifecycle`, its queues and KV).
 """
 
 from __future__ import annotations
 
-from simulator.engine.fast_forward import mutates, observes
+from simulator.engine.fast_forward import mutates, observes, unbooked
 from simulator.engine.process import ServingProcess
 from simulator.engine.request import Request, State
 
@@ -22,24 +23,24 @@ class InstanceLife(ServingProcess):
 
     # ----- what the router, the cluster and the autoscaler read ----------------------
     @property
-    @observes
+    @unbooked
     def alive(self) -> bool:
         return self._life.alive
 
     @property
-    @observes
+    @unbooked
     def active(self) -> bool:
         """Powered on and started (autoscaled instances may be off)."""
         return self._life.active
 
     @property
-    @observes
+    @unbooked
     def accepting(self) -> bool:
         """Takes new work: alive, powered and not draining."""
         return self._life.accepting
 
     @property
-    @observes
+    @unbooked
     def draining(self) -> bool:
         return self._life.draining
 
