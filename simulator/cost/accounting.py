@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
@@ -47,13 +48,18 @@ class SeriesStep(NamedTuple):
     bound: str
 
 
+SeriesColumn: TypeAlias = "np.ndarray | array[Any]"
+"""One column of a :class:`DecodeSeries`: numpy as priced, an ``array`` as an instance
+keeps and reads it (``simulator.engine.step_prices``)."""
+
+
 class DecodeSeries(NamedTuple):
     """Consecutive decode steps: seconds, bound codes, compute and memory seconds."""
 
-    seconds: np.ndarray
-    bound: np.ndarray
-    compute_s: np.ndarray
-    memory_s: np.ndarray
+    seconds: SeriesColumn
+    bound: SeriesColumn
+    compute_s: SeriesColumn
+    memory_s: SeriesColumn
 
 
 @dataclass(slots=True)

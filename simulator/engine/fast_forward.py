@@ -115,7 +115,7 @@ class Jump:
         self.bounds = series.bound
         self.k = len(series.seconds)
         # Sequential sums, as numpy's cumsum adds (bit for bit).
-        self.ends: list[float] = list(accumulate(series.seconds.tolist(), initial=start))[1:]
+        self.ends: list[float] = list(accumulate(series.seconds, initial=start))[1:]
         self.ctx, self.held, self.pinned = ctx, held, pinned
         self.ctx_sum = sum(ctx)
         self.extra = extra  # cumulative extra KV blocks before step j

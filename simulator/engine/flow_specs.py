@@ -4,6 +4,7 @@ between two instances travels: plain frozen specs, built once per route (runner/
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from simulator.hardware.profiles import LinkProfile
 
@@ -44,7 +45,8 @@ class TransferPath:
     conversion_s_per_byte: float = 0.0
     conversion_s_per_token: float = 0.0
 
-    @property
+    @cached_property
     def bytes_per_token(self) -> float:
-        """Bytes on the wire per prompt token, every replicated copy counted."""
+        """Bytes on the wire per prompt token, every replicated copy counted (summed once
+        per path: a path is asked for at every hand-off)."""
         return sum(b for _, b in self.streams)

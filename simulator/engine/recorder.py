@@ -24,8 +24,8 @@ from simulator.metrics.compact import ROW_COLUMNS, CompactSteps
 __all__ = ["BOUNDS", "RECORD_STEPS", "REQUEST_COLUMN_NAMES", "REQUEST_FIELDS", "Recorder",
            "RequestLog"]
 
-Column: TypeAlias = "np.ndarray | Sequence[Any]"
-"""Per-step values: a numpy array or a list."""
+Column: TypeAlias = "np.ndarray | array[Any] | Sequence[Any]"
+"""Per-step values: a numpy array, an ``array`` or a list."""
 
 # Compact column types: 4-byte counters, 8-byte times (a million-request run has tens of
 # millions of steps, so every byte per row counts).
@@ -177,8 +177,8 @@ class Recorder:
         """One stretch row; only the last step's queue and batch may differ (a cut)."""
         n = len(starts)
         q0, r0, c0 = queue_len[0], running[0], decode_ctx[0]
-        if n > 1 and (any(q != q0 for q in queue_len[:-1])
-                      or any(r != r0 for r in running[:-1])
+        if n > 1 and (list(queue_len[:-1]).count(q0) != n - 1
+                      or list(running[:-1]).count(r0) != n - 1
                       or not (decode_ctx.step == decode_seqs if isinstance(decode_ctx, range)
                               else all(decode_ctx[j] == c0 + decode_seqs * j
                                        for j in range(n)))):
@@ -198,11 +198,7 @@ class Recorder:
         for name, values in (("start_s", starts), ("duration_s", durations),
                              ("compute_s", compute_s), ("memory_s", memory_s),
                              ("bound", bounds), ("kv_used_blocks", kv_used)):
-            col = p[name]
-            if isinstance(values, np.ndarray):
-                col.frombytes(np.ascontiguousarray(values, dtype=col.typecode).tobytes())
-            else:
-                col.extend(values)
+            _extend(p[name], values)
 
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
@@ -383,8 +379,11 @@ def _one_instance(cols: dict[str, np.ndarray], t: dict[str, np.ndarray],
 
 
 def _extend(col: array[Any], values: Column) -> None:
-    """Append ``values`` to ``col``: a numpy array of the column's own type by its bytes,
-    anything else (lists, other numpy types) value by value, as ``array`` converts it."""
+    """Append ``values`` to ``col``: an ``array`` or numpy array of the column's own type
+    at once, anything else (lists, other types) value by value, as ``array`` converts it."""
+    if isinstance(values, array):
+        col.extend(values if values.typecode == col.typecode else values.tolist())
+        return
     if isinstance(values, np.ndarray):
         if values.dtype.char == col.typecode:
             col.frombytes(values.tobytes())

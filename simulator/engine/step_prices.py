@@ -35,6 +35,7 @@ The prices are those of a direct call bit for bit (``tests/test_step_prices.py``
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -46,7 +47,9 @@ from simulator.cost.step import DecodeSeries, InstanceCostModel, StepCost
 from simulator.engine.recorder import BOUNDS, STEP_COLUMNS
 
 _RECORDED = dict(STEP_COLUMNS)
-_BOUND, _COMPUTE, _MEMORY = (np.dtype(_RECORDED[c]) for c in ("bound", "compute_s", "memory_s"))
+_CODES = ("d", _RECORDED["bound"], _RECORDED["compute_s"], _RECORDED["memory_s"])
+"""Type codes of a series' columns as kept: step seconds in full, bound codes, compute and
+memory seconds at the precision the step records store them in."""
 
 BLOCK = 512
 """Kept windows start every ``BLOCK`` context sums."""
@@ -60,8 +63,11 @@ MAX_STEPS = 8192
 per prompt length up to 8,192 tokens. On 1P1D Llama-3.1-70B at 50k requests (prompts
 up to 8,192 tokens) 7,573 prompt shapes are priced with room for 8,192, 8,556 with room
 for 4,096 (shapes dropped and priced again)."""
-MAX_BLOCKS = 1024
-"""Windows kept per instance (at most about 18 MB), least recently used dropped first."""
+MAX_BLOCKS = 4096
+"""Windows kept per table (17 bytes a context sum, so at most about 71 MB), least recently
+used dropped first. On the 24-hour replay's Llama-3.1-70B decode instance at 100k requests
+(benchmarks/README.md, (e)) 1,024 kept windows were priced 5.5 k times, 4,096 (or no limit)
+2.1 k times."""
 
 
 def pure(cost: Any) -> bool:
@@ -132,8 +138,8 @@ class StepPrices:
         b0 = s0 // BLOCK
         if not self.tabled or last // BLOCK - b0 >= MAX_SPAN:
             steps = np.arange(k, dtype=np.int64)
-            return self.cost.decode_series(n, s0 + n * steps,
-                                           longest + steps if longest else None)
+            return _kept(self.cost.decode_series(n, s0 + n * steps,
+                                                 longest + steps if longest else None))
         if last < b0 * BLOCK + WINDOW:  # most stretches: a strided slice of one window
             lo = s0 - b0 * BLOCK
             hi = lo + n * k
@@ -146,7 +152,11 @@ class StepPrices:
             first = lo + (s0 - lo) % n - b * BLOCK
             stop = min(last, b * BLOCK + WINDOW - 1) - b * BLOCK + 1
             parts.append([column[first:stop:n] for column in self._window(n, b)])
-        return DecodeSeries(*(np.concatenate(columns) for columns in zip(*parts, strict=True)))
+        joined = [array(code) for code in _CODES]
+        for columns in parts:
+            for out, column in zip(joined, columns, strict=True):
+                out.extend(column)
+        return DecodeSeries(*joined)
 
     def _window(self, n: int, b: int) -> DecodeSeries:
         """The prices of context sums ``b*BLOCK .. b*BLOCK + WINDOW - 1`` at batch size ``n``."""
@@ -156,16 +166,20 @@ class StepPrices:
         if block is not None:
             blocks.move_to_end(key)
             return block
-        sec, bound, comp, mem = self.cost.decode_series(
-            n, b * BLOCK + np.arange(WINDOW, dtype=np.int64))
-        # Compute and memory seconds and bound codes are kept at the precision the step
-        # records store them in (the recorded values are unchanged), step times in full.
-        block = DecodeSeries(sec, bound.astype(_BOUND), comp.astype(_COMPUTE),
-                             mem.astype(_MEMORY))
+        block = _kept(self.cost.decode_series(n, b * BLOCK + np.arange(WINDOW, dtype=np.int64)))
         blocks[key] = block
         if len(blocks) > MAX_BLOCKS:
             blocks.popitem(last=False)
         return block
+
+
+def _kept(series: DecodeSeries) -> DecodeSeries:
+    """``series`` as kept and handed to a jump: each column an ``array`` of its
+    :data:`_CODES` type (compute and memory seconds and bound codes at the precision the
+    step records store them in, so the recorded values are unchanged), which a jump
+    slices, sums and appends to the records without a numpy call."""
+    return DecodeSeries(*(array(code, np.ascontiguousarray(column, dtype=code).tobytes())
+                          for code, column in zip(_CODES, series, strict=True)))
 
 
 class PriceTables:
