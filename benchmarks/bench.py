@@ -140,9 +140,8 @@ def reference_loop(events: int = REFERENCE_EVENTS) -> float:
     return best
 
 
-SWEEP = {
-    "title": "(d) 100-run sweep: Llama-3.1-8B 1xH100, 10 rates x 10 seeds, 300 requests each",
-}
+SWEEP_TITLE = ("(d) {runs:,}-run sweep: Llama-3.1-8B 1xH100, 10 rates x {seeds} seeds, 300 requests "
+               "each")
 
 
 def _one(key: str, requests: int | None) -> dict[str, Any]:
@@ -162,7 +161,7 @@ def _one(key: str, requests: int | None) -> dict[str, Any]:
             "simulated_s": float(res.summary["duration_s"])}
 
 
-def _sweep(workers: int) -> dict[str, Any]:
+def _sweep(workers: int, seeds: int = 10) -> dict[str, Any]:
     import yaml
 
     from simulator.runner.sweep import load_sweep, run_sweep
@@ -180,7 +179,7 @@ def _sweep(workers: int) -> dict[str, Any]:
         (folder / "sweep.yaml").write_text(yaml.safe_dump({
             "name": "bench-d", "base": "base.yaml",
             "grid": {"workload.arrival.rate_per_s": [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]},
-            "seeds": list(range(10)),
+            "seeds": list(range(seeds)),
         }))
         t0 = time.perf_counter()
         table = run_sweep(load_sweep(folder / "sweep.yaml"), folder / "out", workers=workers)
@@ -190,9 +189,9 @@ def _sweep(workers: int) -> dict[str, Any]:
             "events": float("nan"), "steps": float("nan"), "completed": int(table["completed"].sum())}
 
 
-def _child(key: str, requests: int | None, workers: int) -> None:
+def _child(key: str, requests: int | None, workers: int, seeds: int = 10) -> None:
     ref_before = reference_loop()
-    out = _sweep(workers) if key == "d" else _one(key, requests)
+    out = _sweep(workers, seeds) if key == "d" else _one(key, requests)
     # Before and after the scenario, the better of the two: load may change during a run.
     out["reference_s"] = min(ref_before, reference_loop())
     out["reference_events"] = REFERENCE_EVENTS
@@ -207,8 +206,9 @@ def _label(key: str, requests: int | None) -> str:
     return key if requests is None else f"{key}@{requests}"
 
 
-def _measure(key: str, requests: int | None, workers: int) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", key, "--workers", str(workers)]
+def _measure(key: str, requests: int | None, workers: int, seeds: int = 10) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", key, "--workers", str(workers),
+           "--seeds", str(seeds)]
     if requests is not None:
         cmd += ["--requests", str(requests)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -216,7 +216,8 @@ def _measure(key: str, requests: int | None, workers: int) -> dict[str, Any]:
         sys.stderr.write(proc.stderr)
         raise SystemExit(proc.returncode)
     r: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    r["title"] = SWEEP["title"] if key == "d" else SCENARIOS[key]["title"]
+    r["title"] = (SWEEP_TITLE.format(runs=10 * seeds, seeds=seeds) if key == "d"
+                  else SCENARIOS[key]["title"])
     r["requests_per_s"] = r["requests"] / r["wall_s"]
     r["events_per_s"] = (r["events"] / r["sim_wall_s"]) if key != "d" else float("nan")
     # Machine-independent figures: the run's CPU time in reference loops, and the
@@ -258,13 +259,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="override the request count of a/b/c/e; repeat for a scaling "
                              "series (--requests 10000 --requests 100000)")
     parser.add_argument("--workers", type=int, default=2, help="processes for the sweep (d)")
+    parser.add_argument("--seeds", type=int, default=10,
+                        help="seeds per arrival rate of the sweep (d): 10 rates x 10 seeds by "
+                             "default; 100 runs the whole 1,000-configuration sweep")
     parser.add_argument("--json", type=Path, default=None, help="write results as JSON")
     parser.add_argument("--compare", type=Path, default=None, metavar="REF.json",
                         help="print the change against an earlier --json file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        _child(args.child, args.requests[0] if args.requests else None, args.workers)
+        _child(args.child, args.requests[0] if args.requests else None, args.workers,
+               args.seeds)
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -278,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right" if col != "scenario" else "left")
     for key in keys:
         for n in counts if key != "d" else [None]:
-            r = _measure(key, n, args.workers)
+            r = _measure(key, n, args.workers, args.seeds)
             label = _label(key, n)
             results[label] = r
             table.add_row(
