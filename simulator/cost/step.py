@@ -164,7 +164,8 @@ class InstanceCostModel(OperatorPricing):
             self._decode_kvh, pad = decode.head_blocks(self._q_heads)
             self._decode_step_per_ctx = self._decode_per_ctx * pad
         if decode is not None and decode.group_limit and m.attention != "mla":
-            heads, kv, rows = decode.decode_group(self._q_heads / self._kvh)
+            # (the grouped kernel's per-row work by head dimension: group_row_head_dim_exp)
+            heads, kv, rows = decode.decode_group(self._q_heads / self._kvh, m.head_dim)
             self._decode_kvh = self._kvh * heads
             self._decode_kv_elems = self._kv_elems * kv
             self._decode_rows = self._decode_rows * rows

@@ -162,6 +162,12 @@ def moe_kernel_family(engine: str | None, architecture: str, precision: str) -> 
 HEAD_DIM_REF = 128
 """Head dimension at which :attr:`OperatorFit.head_dim_exp` scales nothing."""
 
+COLLECTOR_ROTARY_DIM = 128
+"""The rotary dimension AIConfigurator's collector gives every TensorRT-LLM attention layout
+it times (ai-dynamo/aiconfigurator collector/trtllm/collect_attn.py, ``RopeParams(dim=128)``,
+whatever the head dimension): a measured shape of a smaller head dimension runs a separate
+RoPE kernel before Hopper's XQA (:attr:`OperatorFit.rope_kernel_us`)."""
+
 WHOLE_CONTEXT = 1 << 30
 """Decode attention's ``tile_m`` (its split-KV partition, context tokens) for a kernel that
 does not split the context: one thread block reads a sequence's whole KV, so a partition
@@ -423,6 +429,32 @@ class OperatorFit(Frozen):
         "tiles; in the 1.3.0rc20 H100 tables (FP8 KV, head dim 128, 8 sequences over one KV "
         "head) 12-16 query heads per KV head take 1.2-1.3x and 32 take 1.6-1.9x the time "
         "of 2-8 at every context from 2 to 32k tokens."))
+    group_row_head_dim_exp: float = Field(0.0, ge=-2, le=2, description=(
+        "Decode attention in the grouped kernel (`group_limit`): its per-row work (one "
+        "(sequence, KV head) block's query load, QK and PV products over the head "
+        "dimension, softmax and output write) is scaled by (head_dim / 128) ** "
+        "`group_row_head_dim_exp` (0: off; the KV bytes take `head_dim_exp`). In "
+        "TensorRT-LLM 1.3.0rc20's H100 tables (aiconfigurator-core 0.12.0, FP8 KV, 32 query "
+        "over 8 KV heads, 2,048 sequences of 2 tokens, where the blocks' own work "
+        "dominates) head dimensions 64 / 128 / 256 take 135 / 183 / 301 us: the block's "
+        "work grows with the width of its rows, which a per-block constant priced the same."))
+    rope_kernel_us: float = Field(0.0, ge=0, description=(
+        "Decode attention in the grouped kernel (`group_limit`), fit only: microseconds of "
+        "the separate RoPE kernel the measured shapes run before the grouped kernel where "
+        "it cannot rotate the new token's query and key itself (0: off). TensorRT-LLM's "
+        "Hopper XQA kernel (QGMMA, FP8 KV) applies RoPE in-kernel only where the rotary "
+        "dimension is at most the head dimension, else a preprocessing kernel runs first "
+        "(NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/"
+        "decoderXQAImplJIT/kernelUtils.cpp `appliesRoPEInXqaKernel`, decoderXQAImplJIT.cpp "
+        "`applyRoPEInXqaKernel`), and AIConfigurator's collector builds every layout with a "
+        "rotary dimension of 128 (ai-dynamo/aiconfigurator collector/trtllm/collect_attn.py: "
+        "`RopeParams(dim=128)`), so its head-dimension-64 shapes time two kernels "
+        "(:data:`COLLECTOR_ROTARY_DIM`; in the 1.3.0rc20 H100 FP8-KV tables one sequence of "
+        "2 tokens over 8 KV heads and 32 query heads takes 8.0 us at head dimension 64 and "
+        "5.7 us at 128; over a BF16 KV cache, whose XQA kernel never rotates in-kernel, "
+        "7.9 and 8.5 us). A condition of the measurement: a model's rotary dimension does "
+        "not exceed its head dimension, so the step model never prices it, as with "
+        "`l2_speedup`."))
     group_floor_us: float | None = Field(None, ge=0, description=(
         "Decode attention outside the grouped kernel (`group_limit`): its fixed latency, "
         "microseconds (None: `floor_us`). The two are different kernels: in TensorRT-LLM "
@@ -510,6 +542,15 @@ class OperatorFit(Frozen):
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     @model_validator(mode="after")
+    def _grouped_terms_need_a_limit(self) -> OperatorFit:
+        for name in ("group_row_head_dim_exp", "rope_kernel_us"):
+            if getattr(self, name) and not self.group_limit:
+                raise ValueError(f"{name} {getattr(self, name)} prices the grouped decode kernel "
+                                 "and needs group_limit > 0 (the most query heads per KV head "
+                                 "that kernel takes)")
+        return self
+
+    @model_validator(mode="after")
     def _sustained_needs_its_length(self) -> OperatorFit:
         if self.sustained_rate != 1.0 and self.sustained_us <= 0:
             raise ValueError(f"sustained_rate {self.sustained_rate} needs sustained_us > 0 "
@@ -540,6 +581,19 @@ class OperatorFit(Frozen):
         out = np.where((g > self.group_limit) | (g <= 1.0), self.group_floor_us, self.floor_us)
         return out if isinstance(group, np.ndarray) else float(out)
 
+    def rope_floor(self, group: Any, head_dim: Any) -> Any:
+        """Microseconds of the measured shapes' separate RoPE kernel (:attr:`rope_kernel_us`):
+        in the grouped kernel (``1 < group <= group_limit``) at a head dimension below
+        :data:`COLLECTOR_ROTARY_DIM`, else 0. Only the fit prices it
+        (:func:`simulator.validation.kernel_fit_predict.extra_floor`)."""
+        if not (self.group_limit and self.rope_kernel_us):
+            return 0.0
+        g = np.asarray(group, dtype=float)
+        grouped = (g > 1.0) & (g <= self.group_limit)
+        out = np.where(grouped & (np.asarray(head_dim, dtype=float) < COLLECTOR_ROTARY_DIM),
+                       self.rope_kernel_us, 0.0)
+        return out if isinstance(group, np.ndarray) else float(out)
+
     def for_decode_layout(self, group: float) -> OperatorFit:
         """The fit a decode-attention layout of ``group`` query heads per KV head is priced
         with: the floor of the kernel the engine dispatches for it (:meth:`decode_floor`)."""
@@ -548,24 +602,25 @@ class OperatorFit(Frozen):
             return self
         return self.model_copy(update={"floor_us": floor})
 
-    def decode_group(self, group: Any) -> tuple[Any, Any, Any]:
+    def decode_group(self, group: Any, head_dim: Any = HEAD_DIM_REF) -> tuple[Any, Any, Any]:
         """``(unit heads, KV bytes, rows)`` multipliers of decode attention for ``group`` query
         heads per KV head on one device (``rows``: of the per-(sequence, KV head) rows):
-        ``(1, 1 + group_step * (ceil(group / 8) - 1), 1 + (group - 1) * group_q_rows +
-        group_row_step * (ceil(group / 8) - 1))`` for
-        the grouped-query kernel, else the
+        ``(1, 1 + group_step * (ceil(group / 8) - 1), (1 + (group - 1) * group_q_rows +
+        group_row_step * (ceil(group / 8) - 1)) * (head_dim / 128) ** group_row_head_dim_exp)``
+        for the grouped-query kernel, else the
         per-query-head kernel's ``(group, group_memory * (1 + (group - 1) * group_reread),
         group * group_row_share)``."""
         if not self.group_limit:
             return 1.0, 1.0, 1.0
         g = np.asarray(group, dtype=float)
         other = (g > self.group_limit) | (g <= 1.0)
+        width = (np.asarray(head_dim, dtype=float) / HEAD_DIM_REF) ** self.group_row_head_dim_exp
         out = (np.where(other, g, 1.0),
                np.where(other, self.group_memory * (1.0 + (g - 1.0) * self.group_reread),
                         1.0 + self.group_step * (np.ceil(g / 8.0) - 1.0)),
                np.where(other, g * self.group_row_share,
-                        1.0 + (g - 1.0) * self.group_q_rows
-                        + self.group_row_step * (np.ceil(g / 8.0) - 1.0)))
+                        (1.0 + (g - 1.0) * self.group_q_rows
+                         + self.group_row_step * (np.ceil(g / 8.0) - 1.0)) * width))
         if isinstance(group, np.ndarray):
             return out
         return float(out[0]), float(out[1]), float(out[2])
@@ -713,8 +768,10 @@ class OperatorFits(Frozen):
     @model_validator(mode="after")
     def _terms_of_their_families(self) -> OperatorFits:
         """``exposed`` belongs to GEMM, MoE and prefill-attention fits, ``per_group_ns`` to
-        MoE fits, ``key_tiles`` to prefill-attention fits and the slower rate of a long
-        kernel (``sustained_rate``) to GEMM fits: the fits are made there only."""
+        MoE fits, ``key_tiles`` to prefill-attention fits, the slower rate of a long
+        kernel (``sustained_rate``) to GEMM fits and the grouped decode kernel's width and
+        RoPE terms (``group_row_head_dim_exp``, ``rope_kernel_us``) to decode-attention fits:
+        the fits are made there only."""
         for family, fit in self.fits.items():
             if fit.exposed and not family.startswith(EXPOSED_FAMILIES):
                 raise ValueError(f"fits.{family}.exposed: only GEMM, MoE and prefill-attention "
@@ -726,6 +783,10 @@ class OperatorFits(Frozen):
             if fit.sustained_rate != 1.0 and not family.startswith("gemm"):
                 raise ValueError(f"fits.{family}.sustained_rate: only GEMM families (gemm*) "
                                  f"take it; got {fit.sustained_rate}")
+            for name in ("group_row_head_dim_exp", "rope_kernel_us"):
+                if getattr(fit, name) and not family.startswith("attention_decode"):
+                    raise ValueError(f"fits.{family}.{name}: only decode-attention families "
+                                     f"(attention_decode*) take it; got {getattr(fit, name)}")
             if fit.key_tiles and not takes_key_tiles(family):
                 raise ValueError(f"fits.{family}.key_tiles: only prefill-attention families "
                                  f"(attention_prefill*, not MLA) take it; got "

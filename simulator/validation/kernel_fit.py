@@ -112,6 +112,14 @@ decode families may also choose a whole-context partition (``tile_m`` =
 TensorRT-LLM's L40S FP8-KV tables stream in proportion to the sequences at long contexts
 (1.3.0rc20, 32 query over 4 KV heads of dimension 128, 64k tokens: 64 / 127 / 254 / 507
 GB/s for 1 / 2 / 4 / 8 sequences; with a BF16 KV cache one sequence streams 623 GB/s)."""
+ROW_WIDTH_ENGINES = ("trtllm",)
+"""Engines whose grouped decode fits are offered the per-row work's exponent in the head
+dimension and the measured shapes' separate RoPE kernel (``OperatorFit.group_row_head_dim_exp``,
+``rope_kernel_us``), on the chosen terms and on their training shapes only: TensorRT-LLM,
+whose tables were timed with a rotary dimension of 128 at every head dimension
+(:data:`simulator.hardware.operator_fits.COLLECTOR_ROTARY_DIM`) and whose XQA blocks' own
+work grows with the head dimension (1.3.0rc20 H100, FP8 KV, 32 query over 8 KV heads,
+2,048 sequences of 2 tokens: 135 / 183 / 301 us at head dimensions 64 / 128 / 256)."""
 HEAD_TILE_CHOICES = (64,)
 """Query rows per block of :data:`FMHA_MLA_DECODE_TABLES`: 64, as the tables show. One
 sequence takes the same time with 1 to 128 heads, and 128 heads take up to twice the time
@@ -267,7 +275,11 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             head_dim: bool = True, reread: bool = True, per_unit: bool = False,
             l2: bool = False, remote: bool = False, head_tile: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
-            decode_hd: bool = False, sustained: bool = False) -> OperatorFit:
+            decode_hd: bool = False, sustained: bool = False, width: bool = False,
+            rope: bool = False) -> OperatorFit:
+    # With ``width`` (decode attention with a group limit) the last element is the grouped
+    # kernel's per-row exponent in the head dimension (OperatorFit.group_row_head_dim_exp),
+    # and with ``rope`` also, after it, log(rope_kernel_us); both are stripped first.
     # ``key_tiles`` is a choice, not a fitted element (OperatorFit.key_tiles). With
     # ``sustained`` (GEMM families) the last two elements are log(sustained_us) and the logit
     # of sustained_rate (OperatorFit.sustained_us, sustained_rate); before them, with ``l2``,
@@ -276,6 +288,12 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
     # exponent (OperatorFit.head_dim_exp); with ``exposed``, the one before that is the
     # logit of OperatorFit.exposed; with ``per_group``, the one before that is
     # log(per_group_ns); the others keep their places below.
+    rope_us = min(_exp(x[-1]), 100.0) if rope else 0.0
+    if rope:
+        x = x[:-1]
+    row_exp = float(np.clip(x[-1], -2, 2)) if width else 0.0
+    if width:
+        x = x[:-1]
     after_us, rate = ((100.0 + min(_exp(x[-2]), 1e6), 0.2 + 0.8 * _sig(x[-1])) if sustained
                       else (0.0, 1.0))
     if sustained:
@@ -315,6 +333,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "group_floor_us": _exp(x[12]) if len(x) > 12 else None,
         "group_step": 2.0 * _sig(x[13]) if len(x) > 13 else 0.0,
         "group_row_step": 4.0 * _sig(x[14]) if len(x) > 14 else 0.0,
+        "group_row_head_dim_exp": row_exp, "rope_kernel_us": rope_us,
         "head_dim_exp": decode_exp, "row_unit": "kv_head"} if group_limit else {
         "head_dim_exp": (float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7
                          else decode_exp),
@@ -358,6 +377,10 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                                        and f.group_floor_us is not None else None),
                        group_step=round(f.group_step, 4) if f.group_limit else 0.0,
                        group_row_step=round(f.group_row_step, 4) if f.group_limit else 0.0,
+                       group_row_head_dim_exp=(round(f.group_row_head_dim_exp, 3)
+                                               if f.group_limit else 0.0),
+                       rope_kernel_us=(round(f.rope_kernel_us, 3)
+                                       if f.group_limit and f.rope_kernel_us > 1e-3 else 0.0),
                        l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots,
                        head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks),
                        exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),
@@ -372,7 +395,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         moe_kernel: str = "", causal: bool = False, softmax: bool = False,
         floors: bool = False, l2: bool = False, remote: bool = False,
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
-        key_tiles: str = "", decode_hd: bool = False, sustained: bool = False) -> OperatorFit:
+        key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
+        width: bool = False, rope: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -395,7 +419,11 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     ``decode_hd``, the exponent its work takes in the head dimension
     (``OperatorFit.head_dim_exp``); a GEMM family with ``sustained``, a rate that falls
     with the kernel's compute time (``OperatorFit.sustained_us`` from 100 us to 1 s,
-    ``sustained_rate`` from 0.2 to 1)."""
+    ``sustained_rate`` from 0.2 to 1); decode attention with a group limit with ``width``,
+    the grouped kernel's per-row work by head dimension
+    (``OperatorFit.group_row_head_dim_exp``), and with ``rope`` the separate RoPE kernel of
+    the measured shapes below the collector's rotary dimension
+    (``OperatorFit.rope_kernel_us``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -406,6 +434,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     has_reread = samples.kv_bytes is not None
     decode_hd = decode_hd and samples.decode and samples.head_dim is not None
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
+    width = width and bool(group_limit) and samples.decode and samples.head_dim is not None
+    rope = rope and width
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
                     remote=remote, head_tile=head_tile, key_tiles=key_tiles)
@@ -421,7 +451,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
-                        sustained)
+                        sustained, width, rope)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -449,7 +479,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([math.log(100.0)] if per_group else []),
                        *([math.log(0.3 / 0.7)] if exposed else []),
                        *([0.0] if decode_hd else []), *([0.0] if l2 else []),
-                       *([math.log(1000.0), 1.0] if sustained else [])])
+                       *([math.log(1000.0), 1.0] if sustained else []),
+                       *([0.5] if width else []), *([math.log(2.0)] if rope else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -467,7 +498,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
-                            exposed, per_group, key_tiles, decode_hd, sustained))
+                            exposed, per_group, key_tiles, decode_hd, sustained, width,
+                            rope))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -482,7 +514,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
                causal: bool = True, remote: bool = True,
                head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = "",
-               whole_context: bool = False) -> tuple[Samples, OperatorFit]:
+               whole_context: bool = False,
+               row_width: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -502,7 +535,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     (:data:`HEAD_TILE_CHOICES`, ``OperatorFit.head_tile``); ``key_tiles``, a prefill kernel's
     tile table (:data:`KEY_TILE_ENGINES`, ``OperatorFit.key_tiles``): every prefill choice
     is also fitted with its whole key blocks, FlashAttention-3's with its GQA packing
-    (:data:`PACKED_KEY_TILES`).
+    (:data:`PACKED_KEY_TILES`); with ``row_width``, a grouped decode fit is refitted on its
+    chosen terms with the grouped kernel's per-row work by head dimension, without and with
+    the measured shapes' separate RoPE kernel (:data:`ROW_WIDTH_ENGINES`).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -632,6 +667,18 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             best[1], device, kept.tile_m, kept.tile_n, kept.split_k,
             group_limit=kept.group_limit, overlap=terms or floors, floors=floors,
             l2=kept.l2_speedup != 1.0, head_tile=kept.head_tile, decode_hd=True))
+        if row_width and best[2].group_limit:
+            # The grouped kernel's per-row work by head dimension, and the measured shapes'
+            # separate RoPE kernel (OperatorFit.group_row_head_dim_exp, rope_kernel_us), on
+            # the chosen terms (with the KV exponent where it was kept).
+            kept = best[2]
+            terms, floors = _decode_terms(kept)
+            for rope in (False, True):
+                consider(best[1], kept.row_unit, fit(
+                    best[1], device, kept.tile_m, kept.tile_n, kept.split_k,
+                    group_limit=kept.group_limit, overlap=terms or floors, floors=floors,
+                    l2=kept.l2_speedup != 1.0, decode_hd=bool(kept.head_dim_exp),
+                    width=True, rope=rope))
     return best[1], best[2]
 
 
@@ -706,7 +753,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                engine in CAUSAL_ENGINES, remote, head_tiles,
                                key_tiles=key_tile_choice(engine, device, family.op),
                                whole_context=device.kernel_tables in NO_SPLIT_DECODE_TABLES.get(
-                                   engine, ()))
+                                   engine, ()), row_width=engine in ROW_WIDTH_ENGINES)
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):

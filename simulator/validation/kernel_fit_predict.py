@@ -18,7 +18,12 @@ from simulator.cost.roofline import (
     quantisation,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import WHOLE_CONTEXT, OperatorFit, key_tile_extra
+from simulator.hardware.operator_fits import (
+    HEAD_DIM_REF,
+    WHOLE_CONTEXT,
+    OperatorFit,
+    key_tile_extra,
+)
 from simulator.hardware.profiles import DeviceProfile
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
@@ -108,21 +113,28 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
         return nbytes, rows
     assert samples.kv_bytes is not None
     kv = samples.kv_bytes[idx]
-    _, kv_scale, row_scale = fitted.decode_group(samples.group[idx])
+    width = samples.head_dim[idx] if samples.head_dim is not None else HEAD_DIM_REF
+    _, kv_scale, row_scale = fitted.decode_group(samples.group[idx], width)
     return nbytes - kv + kv * kv_scale, rows * row_scale
 
 
 def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
     """Seconds added to ``fitted.seconds`` of ``samples[idx]``: decode attention outside its
-    grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`); a MoE family
+    grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`), and the
+    grouped kernel's shapes that ran a separate RoPE kernel pay it
+    (:meth:`OperatorFit.rope_floor`); a MoE family
     pays per expert hit on the rank (:meth:`OperatorFit.group_seconds`, the experts are the
     first of its tile dimensions)."""
     if fitted.per_group_ns and samples.tiles is not None and samples.op.startswith("moe"):
         return fitted.group_seconds(samples.tiles[0][idx])
-    if not (samples.decode and fitted.group_limit and fitted.group_floor_us is not None
-            and samples.group is not None):
+    if not (samples.decode and fitted.group_limit and samples.group is not None):
         return 0.0
-    return (fitted.decode_floor(samples.group[idx]) - fitted.floor_us) * 1e-6
+    # The measured shapes' separate RoPE kernel (OperatorFit.rope_kernel_us): the fit's only.
+    rope = (fitted.rope_floor(samples.group[idx], samples.head_dim[idx]) * 1e-6
+            if fitted.rope_kernel_us and samples.head_dim is not None else 0.0)
+    if fitted.group_floor_us is None:
+        return rope
+    return (fitted.decode_floor(samples.group[idx]) - fitted.floor_us) * 1e-6 + rope
 
 
 def warm_share(samples: Samples, device: DeviceProfile, idx: np.ndarray) -> Any:
