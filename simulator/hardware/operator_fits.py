@@ -534,15 +534,33 @@ class OperatorFit(Frozen):
         "16,383 tokens take 26 ms with 1 or 16 heads and 50 ms with 128: a block per 64 "
         "heads, each streaming its sequence's latent alone."))
     resident_blocks: float = Field(0.0, ge=0, description=(
-        "Decode attention with `head_tile`: the thread blocks the kernel runs at once (0: "
-        "one per SM). The kernel takes at least its longest block and at least its work "
+        "Decode attention with `head_tile` or `block_gbs`: the thread blocks the kernel runs "
+        "at once (0: one per SM; a fit with `block_gbs` gives the device's SMs). With "
+        "`head_tile`, the kernel takes at least its longest block and at least its work "
         "spread over this many blocks (simulator.cost.roofline.whole_context_quantisation). "
         "Fitted: in the A100 and L40S tables (16 heads, 16,384-token contexts) the time "
         "grows linearly past about 74 and 46 sequences, on 108 and 142 SMs."))
+    block_gbs: float = Field(0.0, ge=0, description=(
+        "Decode attention with a whole-context partition (`tile_m` WHOLE_CONTEXT, no "
+        "`head_tile`; 0: off): GB/s one thread block streams its (sequence, KV head) at. "
+        "Each block walks its sequence's whole KV cache alone, `resident_blocks` at once, so "
+        "the memory time is at least ceil(units / resident_blocks) x (bytes / units) / "
+        "block rate (:meth:`parts`). TensorRT-LLM turns XQA's multi-block mode off for an "
+        "FP8 KV cache below SM90 (cpp/tensorrt_llm/common/attentionOp.cpp, the XQA "
+        "parameters: `multi_block_mode = false` for E4M3 where SM < 90), and in its 1.3.0rc20 "
+        "L40S FP8-KV tables (aiconfigurator-core 0.12.0) 1 to 16 sequences of 131,072 tokens "
+        "over 8 KV heads of dimension 128 take 2.11 ms alike (8 to 128 blocks on 142 SMs), "
+        "32 take 3.02 ms."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     @model_validator(mode="after")
     def _grouped_terms_need_a_limit(self) -> OperatorFit:
+        if self.block_gbs and (self.tile_m != WHOLE_CONTEXT or self.head_tile
+                               or self.resident_blocks <= 0):
+            raise ValueError(f"block_gbs {self.block_gbs} prices a decode kernel that does not "
+                             f"split the context: it needs tile_m {WHOLE_CONTEXT} (whole "
+                             "context), no head_tile and resident_blocks > 0 (the blocks it "
+                             "runs at once)")
         for name in ("group_row_head_dim_exp", "rope_kernel_us"):
             if getattr(self, name) and not self.group_limit:
                 raise ValueError(f"{name} {getattr(self, name)} prices the grouped decode kernel "
@@ -670,6 +688,11 @@ class OperatorFit(Frozen):
             compute = compute * (1.0 + (1.0 / self.sustained_rate - 1.0)
                                  * longer / (1.0 + longer))
         memory = (nbytes * under + half_bytes) / (bandwidth * self.memory) * (nbytes > 0)
+        if self.block_gbs:  # waves of blocks, each streaming its share at one block's rate
+            blocks = np.maximum(units, 1.0) if isinstance(units, np.ndarray) else max(units, 1.0)
+            alone = np.ceil(blocks / self.resident_blocks) * nbytes / (blocks * self.block_gbs
+                                                                        * 1e9)
+            memory = np.maximum(memory, alone)
         return compute, memory
 
     def remote_rows(self, slots: Any, gate_up: Any, hidden: Any) -> Any:

@@ -276,7 +276,9 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             l2: bool = False, remote: bool = False, head_tile: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
-            rope: bool = False) -> OperatorFit:
+            rope: bool = False, block_sms: float = 0.0) -> OperatorFit:
+    # With ``block_sms`` (a whole-context decode kernel; the device's SMs) the very last
+    # element is log(block_gbs), stripped before all others (OperatorFit.block_gbs).
     # With ``width`` (decode attention with a group limit) the last element is the grouped
     # kernel's per-row exponent in the head dimension (OperatorFit.group_row_head_dim_exp),
     # and with ``rope`` also, after it, log(rope_kernel_us); both are stripped first.
@@ -288,6 +290,9 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
     # exponent (OperatorFit.head_dim_exp); with ``exposed``, the one before that is the
     # logit of OperatorFit.exposed; with ``per_group``, the one before that is
     # log(per_group_ns); the others keep their places below.
+    block_gbs = min(_exp(x[-1]), 1e4) if block_sms else 0.0
+    if block_sms:
+        x = x[:-1]
     rope_us = min(_exp(x[-1]), 100.0) if rope else 0.0
     if rope:
         x = x[:-1]
@@ -349,9 +354,11 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
-                       remote_slots=remote, head_tile=head_tile, resident_blocks=resident,
+                       remote_slots=remote, head_tile=head_tile,
+                       resident_blocks=block_sms or resident,
                        exposed=share, per_group_ns=group_ns, sustained_us=after_us,
-                       sustained_rate=rate, key_tiles=key_tiles)  # type: ignore[arg-type]
+                       sustained_rate=rate, key_tiles=key_tiles,  # type: ignore[arg-type]
+                       block_gbs=block_gbs)
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -386,7 +393,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),
                        sustained_us=sig4(f.sustained_us) if f.sustained_rate < 1 else 0.0,
                        sustained_rate=round(f.sustained_rate, 4) if f.sustained_us else 1.0,
-                       key_tiles=f.key_tiles)
+                       key_tiles=f.key_tiles, block_gbs=sig4(f.block_gbs))
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
@@ -396,7 +403,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         floors: bool = False, l2: bool = False, remote: bool = False,
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
-        width: bool = False, rope: bool = False) -> OperatorFit:
+        width: bool = False, rope: bool = False, block: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -423,7 +430,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     the grouped kernel's per-row work by head dimension
     (``OperatorFit.group_row_head_dim_exp``), and with ``rope`` the separate RoPE kernel of
     the measured shapes below the collector's rotary dimension
-    (``OperatorFit.rope_kernel_us``)."""
+    (``OperatorFit.rope_kernel_us``); a whole-context decode fit with ``block``, the rate
+    one block streams its sequence at, the device's SMs resident
+    (``OperatorFit.block_gbs``)."""
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -436,6 +445,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     width = width and bool(group_limit) and samples.decode and samples.head_dim is not None
     rope = rope and width
+    block_sms = float(device.sm_count or 0) if (
+        block and samples.decode and tile_m == WHOLE_CONTEXT and not head_tile) else 0.0
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
                     remote=remote, head_tile=head_tile, key_tiles=key_tiles)
@@ -451,7 +462,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
-                        sustained, width, rope)
+                        sustained, width, rope, block_sms)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -480,7 +491,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([math.log(0.3 / 0.7)] if exposed else []),
                        *([0.0] if decode_hd else []), *([0.0] if l2 else []),
                        *([math.log(1000.0), 1.0] if sustained else []),
-                       *([0.5] if width else []), *([math.log(2.0)] if rope else [])])
+                       *([0.5] if width else []), *([math.log(2.0)] if rope else []),
+                       *([math.log(16.0)] if block_sms else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -499,7 +511,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
-                            rope))
+                            rope, block_sms))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -535,7 +547,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     (:data:`HEAD_TILE_CHOICES`, ``OperatorFit.head_tile``); ``key_tiles``, a prefill kernel's
     tile table (:data:`KEY_TILE_ENGINES`, ``OperatorFit.key_tiles``): every prefill choice
     is also fitted with its whole key blocks, FlashAttention-3's with its GQA packing
-    (:data:`PACKED_KEY_TILES`); with ``row_width``, a grouped decode fit is refitted on its
+    (:data:`PACKED_KEY_TILES`); with ``whole_context`` a decode family is also fitted with
+    a whole-context partition whose blocks stream at a rate of their own
+    (``OperatorFit.block_gbs``, on the chosen terms); with ``row_width``, a grouped decode fit is refitted on its
     chosen terms with the grouped kernel's per-row work by head dimension, without and with
     the measured shapes' separate RoPE kernel (:data:`ROW_WIDTH_ENGINES`).
     Attention on a device with an L2 figure, where some training shapes fit in it
@@ -679,6 +693,17 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                     group_limit=kept.group_limit, overlap=terms or floors, floors=floors,
                     l2=kept.l2_speedup != 1.0, decode_hd=bool(kept.head_dim_exp),
                     width=True, rope=rope))
+    if (whole_context and family.decode and family.heads is None and not best[2].head_tile
+            and device.sm_count):
+        # A kernel that does not split the context: each block streams at its own rate
+        # (OperatorFit.block_gbs), on the chosen terms with a whole-context partition.
+        kept = best[2]
+        terms, floors = _decode_terms(kept)
+        consider(best[1], kept.row_unit, fit(
+            best[1], device, WHOLE_CONTEXT, group_limit=kept.group_limit,
+            overlap=terms or floors, floors=floors, l2=kept.l2_speedup != 1.0,
+            decode_hd=bool(kept.head_dim_exp), width=bool(kept.group_row_head_dim_exp),
+            rope=bool(kept.rope_kernel_us), block=True))
     return best[1], best[2]
 
 
