@@ -549,9 +549,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     is also fitted with its whole key blocks, FlashAttention-3's with its GQA packing
     (:data:`PACKED_KEY_TILES`); with ``whole_context`` a decode family is also fitted with
     a whole-context partition whose blocks stream at a rate of their own
-    (``OperatorFit.block_gbs``, on the chosen terms); with ``row_width``, a grouped decode fit is refitted on its
-    chosen terms with the grouped kernel's per-row work by head dimension, without and with
-    the measured shapes' separate RoPE kernel (:data:`ROW_WIDTH_ENGINES`).
+    (``OperatorFit.block_gbs``, on the chosen terms); with ``row_width``, a grouped decode
+    fit is refitted on its chosen terms with the grouped kernel's per-row work by head
+    dimension, without and with the measured shapes' separate RoPE kernel
+    (:data:`ROW_WIDTH_ENGINES`).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
