@@ -208,7 +208,8 @@ class InstanceCostModel(OperatorPricing):
                 # The floor of the decode kernel dispatched for this head layout.
                 # The group as OperatorFit.decode_group sees it (_attention_constants).
                 fit = fit.for_decode_layout(self.model.num_attention_heads
-                                            / self.parallelism.tp / self.kv_heads_per_device)
+                                            / self.parallelism.tp / self.kv_heads_per_device,
+                                            self.kv_heads_per_device)
             if fit is not None:
                 out[label] = fit
         # The MoE kernel and configuration the engine dispatches (operator_fits.moe_fit_labels):

@@ -455,6 +455,21 @@ class OperatorFit(Frozen):
         "7.9 and 8.5 us). A condition of the measurement: a model's rotary dimension does "
         "not exceed its head dimension, so the step model never prices it, as with "
         "`l2_speedup`."))
+    q_copy_us: float = Field(0.0, ge=0, description=(
+        "Decode attention in the grouped kernel (`group_limit`): microseconds of the copy "
+        "kernel that lays the queries out for it, paid with more than one sequence and more "
+        "than one KV head on the device (0: off). FlashAttention-2's varlen entry point "
+        "(vllm-project/flash-attention csrc/flash_attn/flash_api.cpp `mha_varlen_fwd`, "
+        "vLLM's FA2 path on Ampere and Ada) runs one query row per (sequence, query head of "
+        "a KV head) by reshaping q from (sequences, KV heads, group, head_dim) to "
+        "(sequences * group, KV heads, head_dim) through a transpose "
+        "(`seqlenq_ngroups_swapped`); that view merges only where one sequence or one KV "
+        "head leaves the transposed dimensions adjacent, else PyTorch copies q first. In "
+        "vLLM 0.24.0's L40S tables (aiconfigurator-core 0.12.0, `vllm_flash_attn_fa2`, "
+        "2-token contexts) 2 to 64 sequences over 1 KV head and 8 query heads take "
+        "8.7-9.5 us, over 2 KV heads 12.1-13.7 us, and one sequence over 2 KV heads 9.0 us. "
+        "The step model prices it on layouts of more than one KV head per device "
+        "(:meth:`for_decode_layout`), a decode batch being more than one sequence."))
     group_floor_us: float | None = Field(None, ge=0, description=(
         "Decode attention outside the grouped kernel (`group_limit`): its fixed latency, "
         "microseconds (None: `floor_us`). The two are different kernels: in TensorRT-LLM "
@@ -561,7 +576,7 @@ class OperatorFit(Frozen):
                              f"split the context: it needs tile_m {WHOLE_CONTEXT} (whole "
                              "context), no head_tile and resident_blocks > 0 (the blocks it "
                              "runs at once)")
-        for name in ("group_row_head_dim_exp", "rope_kernel_us"):
+        for name in ("group_row_head_dim_exp", "rope_kernel_us", "q_copy_us"):
             if getattr(self, name) and not self.group_limit:
                 raise ValueError(f"{name} {getattr(self, name)} prices the grouped decode kernel "
                                  "and needs group_limit > 0 (the most query heads per KV head "
@@ -612,10 +627,25 @@ class OperatorFit(Frozen):
                        self.rope_kernel_us, 0.0)
         return out if isinstance(group, np.ndarray) else float(out)
 
-    def for_decode_layout(self, group: float) -> OperatorFit:
-        """The fit a decode-attention layout of ``group`` query heads per KV head is priced
-        with: the floor of the kernel the engine dispatches for it (:meth:`decode_floor`)."""
-        floor = self.decode_floor(float(group))
+    def q_copy_floor(self, group: Any, batch: Any, kv_heads: Any) -> Any:
+        """Microseconds of the grouped kernel's query copy (:attr:`q_copy_us`): paid in the
+        grouped kernel (``1 < group <= group_limit``) with more than one sequence
+        (``batch``) and more than one KV head on the device (``kv_heads``), else 0."""
+        if not (self.group_limit and self.q_copy_us):
+            return 0.0
+        g = np.asarray(group, dtype=float)
+        paid = ((g > 1.0) & (g <= self.group_limit) & (np.asarray(batch, dtype=float) > 1.0)
+                & (np.asarray(kv_heads, dtype=float) > 1.0))
+        out = np.where(paid, self.q_copy_us, 0.0)
+        return out if isinstance(out, np.ndarray) and out.ndim else float(out)
+
+    def for_decode_layout(self, group: float, kv_heads: float = 1.0) -> OperatorFit:
+        """The fit a decode-attention layout of ``group`` query heads per KV head and
+        ``kv_heads`` KV heads per device is priced with: the floor of the kernel the engine
+        dispatches for it (:meth:`decode_floor`), plus its query copy
+        (:meth:`q_copy_floor`, a batch of more than one sequence)."""
+        floor = self.decode_floor(float(group)) + self.q_copy_floor(float(group), 2.0,
+                                                                    float(kv_heads))
         if floor == self.floor_us:
             return self
         return self.model_copy(update={"floor_us": floor})
@@ -806,7 +836,7 @@ class OperatorFits(Frozen):
             if fit.sustained_rate != 1.0 and not family.startswith("gemm"):
                 raise ValueError(f"fits.{family}.sustained_rate: only GEMM families (gemm*) "
                                  f"take it; got {fit.sustained_rate}")
-            for name in ("group_row_head_dim_exp", "rope_kernel_us"):
+            for name in ("group_row_head_dim_exp", "rope_kernel_us", "q_copy_us"):
                 if getattr(fit, name) and not family.startswith("attention_decode"):
                     raise ValueError(f"fits.{family}.{name}: only decode-attention families "
                                      f"(attention_decode*) take it; got {getattr(fit, name)}")

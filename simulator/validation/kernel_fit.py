@@ -113,6 +113,10 @@ TensorRT-LLM's L40S FP8-KV tables stream in proportion to the sequences at long 
 (1.3.0rc20, 32 query over 4 KV heads of dimension 128, 64k tokens: 64 / 127 / 254 / 507
 GB/s for 1 / 2 / 4 / 8 sequences; with a BF16 KV cache one sequence streams 623 GB/s)."""
 ROW_WIDTH_ENGINES = ("trtllm",)
+Q_COPY_ENGINES = ("vllm",)
+"""Engines whose grouped decode fits are offered the query copy of FlashAttention-2's
+varlen decode path (``OperatorFit.q_copy_us``), on the chosen terms and on their training
+shapes only: vLLM, which runs FA2 (``vllm_flash_attn_fa2``) on Ampere and Ada."""
 """Engines whose grouped decode fits are offered the per-row work's exponent in the head
 dimension and the measured shapes' separate RoPE kernel (``OperatorFit.group_row_head_dim_exp``,
 ``rope_kernel_us``), on the chosen terms and on their training shapes only: TensorRT-LLM,
@@ -276,7 +280,12 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             l2: bool = False, remote: bool = False, head_tile: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
-            rope: bool = False, block_sms: float = 0.0) -> OperatorFit:
+            rope: bool = False, block_sms: float = 0.0, qcopy: bool = False) -> OperatorFit:
+    # With ``qcopy`` (decode attention with a group limit) the very last element is
+    # log(q_copy_us), stripped before all others (OperatorFit.q_copy_us).
+    q_copy = min(_exp(x[-1]), 100.0) if qcopy and group_limit else 0.0
+    if qcopy and group_limit:
+        x = x[:-1]
     # With ``block_sms`` (a whole-context decode kernel; the device's SMs) the very last
     # element is log(block_gbs), stripped before all others (OperatorFit.block_gbs).
     # With ``width`` (decode attention with a group limit) the last element is the grouped
@@ -338,7 +347,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         "group_floor_us": _exp(x[12]) if len(x) > 12 else None,
         "group_step": 2.0 * _sig(x[13]) if len(x) > 13 else 0.0,
         "group_row_step": 4.0 * _sig(x[14]) if len(x) > 14 else 0.0,
-        "group_row_head_dim_exp": row_exp, "rope_kernel_us": rope_us,
+        "group_row_head_dim_exp": row_exp, "rope_kernel_us": rope_us, "q_copy_us": q_copy,
         "head_dim_exp": decode_exp, "row_unit": "kv_head"} if group_limit else {
         "head_dim_exp": (float(np.clip(x[7], -2, 2)) if head_dim and len(x) > 7
                          else decode_exp),
@@ -393,7 +402,9 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),
                        sustained_us=sig4(f.sustained_us) if f.sustained_rate < 1 else 0.0,
                        sustained_rate=round(f.sustained_rate, 4) if f.sustained_us else 1.0,
-                       key_tiles=f.key_tiles, block_gbs=sig4(f.block_gbs))
+                       key_tiles=f.key_tiles, block_gbs=sig4(f.block_gbs),
+                       q_copy_us=(round(f.q_copy_us, 3)
+                                  if f.group_limit and f.q_copy_us > 1e-3 else 0.0))
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
@@ -403,7 +414,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         floors: bool = False, l2: bool = False, remote: bool = False,
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
-        width: bool = False, rope: bool = False, block: bool = False) -> OperatorFit:
+        width: bool = False, rope: bool = False, block: bool = False,
+        qcopy: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -432,7 +444,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     the measured shapes below the collector's rotary dimension
     (``OperatorFit.rope_kernel_us``); a whole-context decode fit with ``block``, the rate
     one block streams its sequence at, the device's SMs resident
-    (``OperatorFit.block_gbs``)."""
+    (``OperatorFit.block_gbs``); decode attention with a group limit with ``qcopy``, the
+    query copy of FlashAttention-2's varlen decode path (``OperatorFit.q_copy_us``)."""
+    qcopy = qcopy and bool(group_limit) and samples.decode and samples.tiles is not None
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
     if len(idx) > MAX_FIT_ROWS:  # deterministic thinning of very large tables
@@ -462,7 +476,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
-                        sustained, width, rope, block_sms)
+                        sustained, width, rope, block_sms, qcopy)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -492,7 +506,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([0.0] if decode_hd else []), *([0.0] if l2 else []),
                        *([math.log(1000.0), 1.0] if sustained else []),
                        *([0.5] if width else []), *([math.log(2.0)] if rope else []),
-                       *([math.log(16.0)] if block_sms else [])])
+                       *([math.log(16.0)] if block_sms else []),
+                       *([math.log(2.0)] if qcopy else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -511,7 +526,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
-                            rope, block_sms))
+                            rope, block_sms, qcopy))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -526,8 +541,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                group_limits: tuple[int, ...] = (), moe_kernels: tuple[str, ...] = (),
                causal: bool = True, remote: bool = True,
                head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = "",
-               whole_context: bool = False,
-               row_width: bool = False) -> tuple[Samples, OperatorFit]:
+               whole_context: bool = False, row_width: bool = False,
+               q_copy: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -552,7 +567,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     (``OperatorFit.block_gbs``, on the chosen terms); with ``row_width``, a grouped decode
     fit is refitted on its chosen terms with the grouped kernel's per-row work by head
     dimension, without and with the measured shapes' separate RoPE kernel
-    (:data:`ROW_WIDTH_ENGINES`).
+    (:data:`ROW_WIDTH_ENGINES`); with ``q_copy``, a grouped decode fit is refitted on its
+    chosen terms with FlashAttention-2's query copy (:data:`Q_COPY_ENGINES`).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -705,6 +721,16 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             overlap=terms or floors, floors=floors, l2=kept.l2_speedup != 1.0,
             decode_hd=bool(kept.head_dim_exp), width=bool(kept.group_row_head_dim_exp),
             rope=bool(kept.rope_kernel_us), block=True))
+    if q_copy and family.decode and best[2].group_limit:
+        # FlashAttention-2's query copy (OperatorFit.q_copy_us), on the chosen terms.
+        kept = best[2]
+        terms, floors = _decode_terms(kept)
+        consider(best[1], kept.row_unit, fit(
+            best[1], device, kept.tile_m, kept.tile_n, kept.split_k,
+            group_limit=kept.group_limit, overlap=terms or floors, floors=floors,
+            l2=kept.l2_speedup != 1.0, decode_hd=bool(kept.head_dim_exp),
+            width=bool(kept.group_row_head_dim_exp), rope=bool(kept.rope_kernel_us),
+            qcopy=True))
     return best[1], best[2]
 
 
@@ -779,7 +805,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                engine in CAUSAL_ENGINES, remote, head_tiles,
                                key_tiles=key_tile_choice(engine, device, family.op),
                                whole_context=device.kernel_tables in NO_SPLIT_DECODE_TABLES.get(
-                                   engine, ()), row_width=engine in ROW_WIDTH_ENGINES)
+                                   engine, ()), row_width=engine in ROW_WIDTH_ENGINES,
+                               q_copy=engine in Q_COPY_ENGINES)
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):

@@ -132,6 +132,10 @@ def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
     # The measured shapes' separate RoPE kernel (OperatorFit.rope_kernel_us): the fit's only.
     rope = (fitted.rope_floor(samples.group[idx], samples.head_dim[idx]) * 1e-6
             if fitted.rope_kernel_us and samples.head_dim is not None else 0.0)
+    # FlashAttention-2's query copy (OperatorFit.q_copy_us); decode tiles: batch, _, KV heads.
+    if fitted.q_copy_us and samples.tiles is not None:
+        rope = rope + fitted.q_copy_floor(samples.group[idx], samples.tiles[0][idx],
+                                          samples.tiles[2][idx]) * 1e-6
     if fitted.group_floor_us is None:
         return rope
     return (fitted.decode_floor(samples.group[idx]) - fitted.floor_us) * 1e-6 + rope
