@@ -57,6 +57,38 @@ def test_the_step_model_prices_the_copy_only_with_several_kv_heads_per_device() 
     assert model(COPY, 1).step(step).seconds == model(GROUPED, 1).step(step).seconds
 
 
+def _l40s_8b(fit: OperatorFit) -> InstanceCostModel:
+    device = L40S.model_copy(update={"operators": {"vllm": OperatorFits(
+        source="t", fits={"attention_decode": fit})}})
+    return InstanceCostModel(get_model("Llama-3.1-8B"), device, Parallelism(), engine="vllm",
+                             fitted=True)
+
+
+def test_one_sequence_and_a_mixed_step_run_no_copy() -> None:
+    """FlashAttention-2 swaps the query layout only where every query is one token
+    (``max_seqlen_q == 1``): a decode-only step of one sequence, or a step that also
+    prefills, runs without the copy; a decode-only step of two pays it once per layer."""
+    copy, plain = _l40s_8b(COPY), _l40s_8b(GROUPED)
+    layers = get_model("Llama-3.1-8B").num_layers
+    alone = BatchShape.decode(1, 300)
+    assert copy.step(alone).seconds == plain.step(alone).seconds
+    mixed = BatchShape.build([(256, 0, True)], [300, 400])
+    assert copy.step(mixed).seconds == plain.step(mixed).seconds
+    two = BatchShape.decode(2, 700)
+    assert copy.step(two).seconds - plain.step(two).seconds == pytest.approx(layers * 3e-6,
+                                                                             rel=1e-6)
+
+
+def test_a_decode_series_prices_the_copy_as_its_steps_do() -> None:
+    cost = _l40s_8b(COPY)
+    for seqs in (1, 2, 16):
+        sums = np.array([seqs * 64, seqs * 64 + seqs])
+        series = cost.decode_series(seqs, sums)
+        for j, total in enumerate(sums):
+            assert series.seconds[j] == pytest.approx(
+                cost.step(BatchShape.decode(seqs, int(total))).seconds, rel=1e-12)
+
+
 def test_the_copy_needs_the_grouped_kernel_and_a_decode_family() -> None:
     plain = GROUPED.model_dump() | {"group_limit": 0}
     with pytest.raises(ValidationError, match=r"q_copy_us 2.0 prices the grouped decode "

@@ -57,6 +57,11 @@ the combine in one ``moe_perf`` row; ai-dynamo/aiconfigurator ``collector/*/coll
 so its fitted floor counts once per layer. A GEMM group's GEMMs are timed one per row, so
 each of its ``kernels`` pays the floor."""
 
+DECODE_BATCH_FIT = "attention_decode_batch"
+"""The instance's decode-attention fit for a decode-only step of more than one sequence,
+kept only where it differs from the one-sequence (or mixed-step) fit: vLLM's FlashAttention-2
+path copies the queries into its grouped layout then (``OperatorFit.q_copy_us``)."""
+
 
 class OperatorPricing:
     """Operator pricing of :class:`simulator.cost.step.InstanceCostModel` (a mixin: the
@@ -447,8 +452,12 @@ class OperatorPricing:
         if b.decode_seqs and decode:
             flops, nbytes, units, quant = self._decode_attention_op(
                 b.decode_seqs, b.decode_ctx_tokens, b.decode_max_ctx)
+            # A decode-only step of several sequences may run a kernel more (DECODE_BATCH_FIT).
+            batched = (DECODE_BATCH_FIT if b.decode_seqs > 1 and not b.prefill_tokens
+                       and DECODE_BATCH_FIT in self._fits else None)
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
-                     float(units), b.decode_seqs * self._decode_rows, float(quant))
+                     float(units), b.decode_seqs * self._decode_rows, float(quant),
+                     fit_label=batched)
 
     def _moe(self, acc: _Acc, b: BatchShape, count: float) -> None:
         m, par = self.model, self.parallelism

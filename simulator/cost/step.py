@@ -19,7 +19,7 @@ from simulator.cost.collectives import p2p_time
 from simulator.cost.dp_attention import rank_batch, series_by_steps, two_batch_overlap_step
 from simulator.cost.host import HostModel
 from simulator.cost.moe_comm import DeepEPMode, EPGroup
-from simulator.cost.operators import RESIDUAL_BYTES, OperatorPricing
+from simulator.cost.operators import DECODE_BATCH_FIT, RESIDUAL_BYTES, OperatorPricing
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import (
     DECODE_SPLIT_TOKENS,
@@ -207,9 +207,12 @@ class InstanceCostModel(OperatorPricing):
             if fit is not None and label == "attention_decode" and not mla:
                 # The floor of the decode kernel dispatched for this head layout.
                 # The group as OperatorFit.decode_group sees it (_attention_constants).
-                fit = fit.for_decode_layout(self.model.num_attention_heads
-                                            / self.parallelism.tp / self.kv_heads_per_device,
-                                            self.kv_heads_per_device)
+                group = (self.model.num_attention_heads / self.parallelism.tp
+                         / self.kv_heads_per_device)
+                batched = fit.for_decode_layout(group, self.kv_heads_per_device, batch=2.0)
+                fit = fit.for_decode_layout(group, self.kv_heads_per_device)
+                if batched != fit:  # a decode-only step of several sequences pays more
+                    out[DECODE_BATCH_FIT] = batched
             if fit is not None:
                 out[label] = fit
         # The MoE kernel and configuration the engine dispatches (operator_fits.moe_fit_labels):
@@ -295,7 +298,8 @@ class InstanceCostModel(OperatorPricing):
         rows = max(seqs, padded or 0)  # a replayed graph runs its captured batch size
         ctx = np.asarray(ctx_sums, dtype=float)
         layers = self.model.num_layers
-        fit = self._fits.get("attention_decode")
+        fit = (self._fits.get(DECODE_BATCH_FIT) if rows > 1 else None) or self._fits.get(
+            "attention_decode")
         launch = self._launch * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
             compute, memory = self._decode_series_parts(rows, ctx, fit, longest)

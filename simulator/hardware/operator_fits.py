@@ -468,8 +468,9 @@ class OperatorFit(Frozen):
         "vLLM 0.24.0's L40S tables (aiconfigurator-core 0.12.0, `vllm_flash_attn_fa2`, "
         "2-token contexts) 2 to 64 sequences over 1 KV head and 8 query heads take "
         "8.7-9.5 us, over 2 KV heads 12.1-13.7 us, and one sequence over 2 KV heads 9.0 us. "
-        "The step model prices it on layouts of more than one KV head per device "
-        "(:meth:`for_decode_layout`), a decode batch being more than one sequence."))
+        "The step model prices it in decode-only steps of more than one sequence on layouts "
+        "of more than one KV head per device (:meth:`for_decode_layout`; FA2 swaps the "
+        "query layout only where every query is one token, `max_seqlen_q == 1`)."))
     group_floor_us: float | None = Field(None, ge=0, description=(
         "Decode attention outside the grouped kernel (`group_limit`): its fixed latency, "
         "microseconds (None: `floor_us`). The two are different kernels: in TensorRT-LLM "
@@ -639,12 +640,13 @@ class OperatorFit(Frozen):
         out = np.where(paid, self.q_copy_us, 0.0)
         return out if isinstance(out, np.ndarray) and out.ndim else float(out)
 
-    def for_decode_layout(self, group: float, kv_heads: float = 1.0) -> OperatorFit:
+    def for_decode_layout(self, group: float, kv_heads: float = 1.0,
+                          batch: float = 1.0) -> OperatorFit:
         """The fit a decode-attention layout of ``group`` query heads per KV head and
-        ``kv_heads`` KV heads per device is priced with: the floor of the kernel the engine
-        dispatches for it (:meth:`decode_floor`), plus its query copy
-        (:meth:`q_copy_floor`, a batch of more than one sequence)."""
-        floor = self.decode_floor(float(group)) + self.q_copy_floor(float(group), 2.0,
+        ``kv_heads`` KV heads per device is priced with, in a decode-only step of ``batch``
+        sequences: the floor of the kernel the engine dispatches for it
+        (:meth:`decode_floor`), plus its query copy (:meth:`q_copy_floor`)."""
+        floor = self.decode_floor(float(group)) + self.q_copy_floor(float(group), float(batch),
                                                                     float(kv_heads))
         if floor == self.floor_us:
             return self
