@@ -145,7 +145,8 @@ class Reference(InstanceCostModel):
         flops, nbytes, units, quant = self._decode_attention_op(rows, ctx)
         dev = self.device
         eff = dev.efficiency
-        fit = self._fits.get("attention_decode")
+        fit = (self._fits.get(operators.DECODE_BATCH_FIT) if rows > 1 else None) or \
+            self._fits.get("attention_decode")
         launch = dev.kernel_launch_us * 1e-6 * (self.graph_launch_factor if graphed else 1.0) * layers
         if fit is not None:
             compute, memory = fit.parts(self._peak16, self._bw, flops, nbytes, units, quant)
@@ -267,10 +268,14 @@ class Reference(InstanceCostModel):
         if b.decode_seqs and decode:
             flops, nbytes, units, quant = self._decode_attention_op(
                 b.decode_seqs, b.decode_ctx_tokens, b.decode_max_ctx)
+            # The fit of a decode-only step of several sequences, as the step model picks it
+            # (which fit prices a step is not what these formulas replace).
+            batched = (operators.DECODE_BATCH_FIT if b.decode_seqs > 1 and not b.prefill_tokens
+                       and operators.DECODE_BATCH_FIT in self._fits else None)
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_decode", b,
                      float(units), b.decode_seqs * (self._decode_row_heads(fit)
                                                     * self._decode_group()[2] if fit else heads),
-                     float(quant))
+                     float(quant), fit_label=batched)
 
     def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
         link = self.links.tp
