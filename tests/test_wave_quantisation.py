@@ -205,6 +205,27 @@ def test_kernel_fit_picks_the_dispatch_that_made_the_data() -> None:
     assert evaluate(samples, H100, fitted)["median_ape_after"] < 1.0
 
 
+def test_nvfp4_dispatch_keeps_128_row_tiles_at_every_batch() -> None:
+    """FlashInfer's CUTLASS NVFP4 GEMM (SGLang on Blackwell) builds only 128-row CTA tiles: a
+    GEMM of 1 to 128 rows costs one 128-row tile (the tables are flat there, then step at
+    129 and 257 rows), where the plain tiling shrinks the tile to the next power of two."""
+    assert [dispatch_tiles(m, "flashinfer_cutlass_sm100_nvfp4") for m in (1, 33, 128, 129, 8192)] \
+        == [(128.0, 128.0)] * 5
+    fp4 = TILED.model_copy(update={"tile_dispatch": "flashinfer_cutlass_sm100_nvfp4"})
+    # 4096 x 4096 (32 column tiles, one wave on 148 SMs): 16 rows priced as a whole
+    # 128-row tile, 8x the FLOPs of their exact share; 129 rows take two row tiles.
+    assert quantisation(fp4, (1.0, 16, 4096, 4096), 148) == pytest.approx(148 / (16 / 128 * 32))
+    assert quantisation(TILED, (1.0, 16, 4096, 4096), 148) == pytest.approx(148 / 32)
+    assert gemm_tiles(1, 129, 4096, 4096, 128, 128,
+                      dispatch="flashinfer_cutlass_sm100_nvfp4")[0] == 2 * 32
+    # The FLOPs it prices (FLOPs x multiplier) are those of one 128-row tile up to 128 rows.
+    priced = [2 * m * 4096 * 4096 * quantisation(fp4, (1.0, m, 4096, 4096), 148)
+              for m in (1, 16, 64, 128)]
+    assert priced == pytest.approx([priced[-1]] * 4)
+    with pytest.raises(ValueError, match="tile_dispatch"):
+        OperatorFit.model_validate(TILED.model_dump() | {"tile_dispatch": "flashinfer_sm100"})
+
+
 def test_a_tiled_fit_needs_the_devices_sm_count() -> None:
     fits = OperatorFits(source="t", fits={"gemm": TILED})
     data = H100.model_dump() | {"sm_count": None, "operators": {"vllm": fits.model_dump()}}

@@ -182,6 +182,7 @@ def tile_m_for(m: Any, tile_m: int) -> Any:
 TILE_DISPATCH: dict[str, tuple[tuple[int, int, int], ...]] = {
     "cutlass_sm90_fp8": ((64, 64, 64), (128, 64, 128), (0, 128, 128)),
     "sgl_kernel_sm90_fp8": ((256, 64, 64), (0, 128, 128)),
+    "flashinfer_cutlass_sm100_nvfp4": ((0, 128, 128),),
 }
 """Tile shapes a kernel library picks by batch size, ``(m_max, tile_m, tile_n)`` per bucket
 of ``max(64, next_pow_2(m))`` (``m_max`` 0: no bound). ``cutlass_sm90_fp8``: vLLM's CUTLASS
@@ -190,7 +191,14 @@ csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm90_fp8_dispatch.cuh: ``sm90_fp8_c
 64x64 tiles for m <= 64, ``M128`` 64x128 for m <= 128, the default 128x128 above).
 ``sgl_kernel_sm90_fp8``: SGLang's ``fp8_scaled_mm`` for Hopper (sgl-project/sglang
 sgl-kernel/csrc/gemm/fp8_gemm_kernel.cu ``sm90_fp8_dispatch_shape``: 64x64 tiles up to
-256 rows, 128x128 above). A fit names one in ``OperatorFit.tile_dispatch`` instead of one
+256 rows, 128x128 above). ``flashinfer_cutlass_sm100_nvfp4``: FlashInfer's CUTLASS NVFP4
+block-scaled GEMM for Blackwell (``mm_fp4(..., backend="cutlass")``, which SGLang's NVFP4
+linear layers and AIConfigurator's SGLang collector call: ai-dynamo/aiconfigurator
+collector/sglang/collect_gemm.py): every SM100 CTA shape it builds is 128 rows tall
+(flashinfer-ai/flashinfer include/flashinfer/gemm/fp4_gemm_cutlass_template.h,
+``dispatchNVFP4xNVFP4GemmCTAShapeSm100``: 128x64, 128x128 and 128x256), and without autotuning
+it runs its first candidate, 128x128 (``getConfigs``), so one row costs a whole 128-row tile
+at every ``m``. A fit names one in ``OperatorFit.tile_dispatch`` instead of one
 ``tile_m x tile_n``."""
 
 

@@ -319,10 +319,13 @@ class OperatorFit(Frozen):
     tile_k0: int = Field(0, ge=0, description=(
         "GEMM and grouped MoE: fixed work of each tile (or k-slice) in units of k, its "
         "mainloop pipeline fill and epilogue: a tile of depth k costs as k + tile_k0."))
-    tile_dispatch: Literal["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8"] = Field("", description=(
+    tile_dispatch: Literal["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8",
+                           "flashinfer_cutlass_sm100_nvfp4"] = Field("", description=(
         "GEMM: the tile shape follows the kernel library's dispatch by batch size "
         "(simulator.cost.roofline.TILE_DISPATCH: vLLM's and SGLang's CUTLASS FP8 scaled-MM "
-        "configs for Hopper) instead of one `tile_m` x `tile_n` (which then only switch tiling on)."))
+        "configs for Hopper; FlashInfer's CUTLASS NVFP4 GEMM for Blackwell, whose tiles are "
+        "128 rows tall at every batch size) instead of one `tile_m` x `tile_n` (which then "
+        "only switch tiling on)."))
     moe_kernel: Literal["", "flashinfer_cutlass_sm90"] = Field("", description=(
         "Grouped MoE GEMM: how the expert GEMMs are tiled. '' (default): the gate+up GEMM "
         "(2 x intermediate columns over the hidden size) stands for both, with the tile along "

@@ -94,11 +94,19 @@ training shapes only. GEMM-like families (BF16/FP8/FP4 GEMM, MoE) tile ``m`` and
 or without split-K; prefill attention tiles the query rows of each (sequence, head); decode
 attention's tile is its split-KV partition in context tokens."""
 DISPATCH_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("vllm", "gemm_fp8"): ("cutlass_sm90_fp8",), ("sglang", "gemm_fp8"): ("sgl_kernel_sm90_fp8",)}
+    ("vllm", "gemm_fp8"): ("cutlass_sm90_fp8",), ("sglang", "gemm_fp8"): ("sgl_kernel_sm90_fp8",),
+    ("sglang", "gemm_fp4"): ("flashinfer_cutlass_sm100_nvfp4",)}
 """Tile dispatch tables (:data:`simulator.cost.roofline.TILE_DISPATCH`) an engine's family may
 choose instead of one tile size, with or without split-K, on its training shapes only: the
-engine's own Hopper kernel dispatch, offered on Hopper tables (:data:`HOPPER_TABLES`) only."""
+engine's own kernel dispatch, offered only on the tables of the architecture it was built for
+(:data:`DISPATCH_TABLES`)."""
 HOPPER_TABLES = ("h100_sxm", "h200_sxm")
+BLACKWELL_TABLES = ("b200_sxm", "gb200")
+DISPATCH_TABLES: dict[str, tuple[str, ...]] = {
+    "cutlass_sm90_fp8": HOPPER_TABLES, "sgl_kernel_sm90_fp8": HOPPER_TABLES,
+    "flashinfer_cutlass_sm100_nvfp4": BLACKWELL_TABLES}
+"""The kernel tables (AIConfigurator systems) each dispatch of :data:`DISPATCH_CHOICES` is
+offered on: SM90 kernels on Hopper, FlashInfer's SM100 NVFP4 GEMM on B200 and GB200."""
 FMHA_MLA_DECODE_TABLES: dict[str, tuple[str, ...]] = {"trtllm": ("a100_sxm", "l40s")}
 """Tables (per engine) whose MLA decode runs on a context FMHA kernel with the heads as
 query rows and no split of the context (``OperatorFit.head_tile``): TensorRT-LLM on SM80 and
@@ -793,8 +801,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     for family in samples:
         if (~family.held_out).sum() < 20 or family.held_out.sum() < 5:
             continue
-        dispatches = (DISPATCH_CHOICES.get((engine, family.op), ())
-                      if device.kernel_tables in HOPPER_TABLES else ())
+        dispatches = tuple(d for d in DISPATCH_CHOICES.get((engine, family.op), ())
+                           if device.kernel_tables in DISPATCH_TABLES[d])
         limits = GROUP_LIMIT_CHOICES.get(engine, ()) if family.decode else ()
         moe_kernels = (MOE_KERNEL_CHOICES.get((engine, family.op), ())
                        if device.kernel_tables in HOPPER_TABLES else ())
