@@ -132,6 +132,13 @@ whose tables were timed with a rotary dimension of 128 at every head dimension
 (:data:`simulator.hardware.operator_fits.COLLECTOR_ROTARY_DIM`) and whose XQA blocks' own
 work grows with the head dimension (1.3.0rc20 H100, FP8 KV, 32 query over 8 KV heads,
 2,048 sequences of 2 tokens: 135 / 183 / 301 us at head dimensions 64 / 128 / 256)."""
+ROW_WIDTH_TABLES: dict[str, tuple[str, ...]] = {"sglang": BLACKWELL_TABLES}
+"""Tables (per engine) whose grouped decode fits are offered the per-row work's exponent in
+the head dimension only (not the RoPE kernel of :data:`ROW_WIDTH_ENGINES`): SGLang on B200 and
+GB200, whose default decode runs TensorRT-LLM's kernels (``trtllm_mha``,
+:data:`simulator.runner.kernel_tables.DEFAULT_ATTENTION_KERNELS`), a block per sequence and
+KV head whose own work grows with the head dimension (SGLang 0.5.14 B200, BF16 KV, contexts
+of 2–64 tokens: head dimension 64 priced +18 % too slow and 256 −19 % too fast by one width)."""
 HEAD_TILE_CHOICES = (64,)
 """Query rows per block of :data:`FMHA_MLA_DECODE_TABLES`: 64, as the tables show. One
 sequence takes the same time with 1 to 128 heads, and 128 heads take up to twice the time
@@ -550,7 +557,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                causal: bool = True, remote: bool = True,
                head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = "",
                whole_context: bool = False, row_width: bool = False,
-               q_copy: bool = False) -> tuple[Samples, OperatorFit]:
+               rope_kernel: bool = True, q_copy: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -574,9 +581,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     a whole-context partition whose blocks stream at a rate of their own
     (``OperatorFit.block_gbs``, on the chosen terms); with ``row_width``, a grouped decode
     fit is refitted on its chosen terms with the grouped kernel's per-row work by head
-    dimension, without and with the measured shapes' separate RoPE kernel
-    (:data:`ROW_WIDTH_ENGINES`); with ``q_copy``, a grouped decode fit is refitted on its
-    chosen terms with FlashAttention-2's query copy (:data:`Q_COPY_ENGINES`).
+    dimension, without and (with ``rope_kernel``) with the measured shapes' separate RoPE
+    kernel (:data:`ROW_WIDTH_ENGINES`, :data:`ROW_WIDTH_TABLES`); with ``q_copy``, a grouped
+    decode fit is refitted on its chosen terms with FlashAttention-2's query copy
+    (:data:`Q_COPY_ENGINES`).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -712,7 +720,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             # the chosen terms (with the KV exponent where it was kept).
             kept = best[2]
             terms, floors = _decode_terms(kept)
-            for rope in (False, True):
+            for rope in (False, True)[:1 + rope_kernel]:
                 consider(best[1], kept.row_unit, fit(
                     best[1], device, kept.tile_m, kept.tile_n, kept.split_k,
                     group_limit=kept.group_limit, overlap=terms or floors, floors=floors,
@@ -813,7 +821,10 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                engine in CAUSAL_ENGINES, remote, head_tiles,
                                key_tiles=key_tile_choice(engine, device, family.op),
                                whole_context=device.kernel_tables in NO_SPLIT_DECODE_TABLES.get(
-                                   engine, ()), row_width=engine in ROW_WIDTH_ENGINES,
+                                   engine, ()),
+                               row_width=(engine in ROW_WIDTH_ENGINES or device.kernel_tables
+                                          in ROW_WIDTH_TABLES.get(engine, ())),
+                               rope_kernel=engine in ROW_WIDTH_ENGINES,
                                q_copy=engine in Q_COPY_ENGINES)
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote)
