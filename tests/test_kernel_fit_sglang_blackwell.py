@@ -69,7 +69,8 @@ def test_the_shipped_sglang_blackwell_fits_on_held_out_measured_shapes(
                                "generation_attention_perf.parquet")
         assert folder is not None
         samples = next(s for s in attention_samples(folder) if s.op == op)
-        assert fit.group_row_head_dim_exp > 0 and fit.rope_kernel_us == 0.0
+        assert fit.group_row_head_dim_exp > 0
+        assert fit.rope_kernel_us == 0.0
         if fit.row_unit == "kv_head" and samples.kv_rows is not None:
             samples = replace(samples, rows=samples.kv_rows, kv_rows=None)
     assert evaluate(samples, dev, fit)["median_ape_after"] < limit
