@@ -92,7 +92,7 @@ class Reference(InstanceCostModel):
         if fit is None or not fit.group_limit or self.model.attention == "mla":
             return 1.0, 1.0, 1.0
         heads = self.model.num_attention_heads / self.parallelism.tp
-        return fit.decode_group(heads / self.kv_heads_per_device)
+        return fit.decode_group(heads / self.kv_heads_per_device, self.model.head_dim)
 
     def _decode_units(self, seqs: Any, ctx: Any, longest: Any = None) -> tuple[Any, Any]:
         # Absorbed MLA attends over one latent head.

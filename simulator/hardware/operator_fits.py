@@ -608,14 +608,19 @@ class OperatorFit(Frozen):
         tiles_f = float(math.ceil(heads / self.head_tile))
         return tiles_f, tiles_f * self.head_tile / max(float(heads), 1e-9)
 
+    def grouped(self, group: Any) -> Any:
+        """Whether decode attention of ``group`` query heads per KV head runs the grouped
+        kernel (``1 < group <= group_limit``; a boolean array for an array of groups)."""
+        g = np.asarray(group, dtype=float)
+        return (g > 1.0) & (g <= self.group_limit)
+
     def decode_floor(self, group: Any) -> Any:
         """``floor_us`` of decode attention of ``group`` query heads per KV head: the other
         kernel's (``group_floor_us``) outside the grouped kernel (:meth:`decode_group`)."""
         if not self.group_limit or self.group_floor_us is None:
             return np.full_like(group, self.floor_us, dtype=float) if isinstance(
                 group, np.ndarray) else self.floor_us
-        g = np.asarray(group, dtype=float)
-        out = np.where((g > self.group_limit) | (g <= 1.0), self.group_floor_us, self.floor_us)
+        out = np.where(self.grouped(group), self.floor_us, self.group_floor_us)
         return out if isinstance(group, np.ndarray) else float(out)
 
     def rope_floor(self, group: Any, head_dim: Any) -> Any:
@@ -625,9 +630,8 @@ class OperatorFit(Frozen):
         (:func:`simulator.validation.kernel_fit_predict.extra_floor`)."""
         if not (self.group_limit and self.rope_kernel_us):
             return 0.0
-        g = np.asarray(group, dtype=float)
-        grouped = (g > 1.0) & (g <= self.group_limit)
-        out = np.where(grouped & (np.asarray(head_dim, dtype=float) < COLLECTOR_ROTARY_DIM),
+        out = np.where(self.grouped(group)
+                       & (np.asarray(head_dim, dtype=float) < COLLECTOR_ROTARY_DIM),
                        self.rope_kernel_us, 0.0)
         return out if isinstance(group, np.ndarray) else float(out)
 
@@ -637,11 +641,10 @@ class OperatorFit(Frozen):
         (``batch``) and more than one KV head on the device (``kv_heads``), else 0."""
         if not (self.group_limit and self.q_copy_us):
             return 0.0
-        g = np.asarray(group, dtype=float)
-        paid = ((g > 1.0) & (g <= self.group_limit) & (np.asarray(batch, dtype=float) > 1.0)
+        paid = (self.grouped(group) & (np.asarray(batch, dtype=float) > 1.0)
                 & (np.asarray(kv_heads, dtype=float) > 1.0))
         out = np.where(paid, self.q_copy_us, 0.0)
-        return out if isinstance(out, np.ndarray) and out.ndim else float(out)
+        return out if out.ndim else float(out)
 
     def for_decode_layout(self, group: float, kv_heads: float = 1.0,
                           batch: float = 1.0) -> OperatorFit:
@@ -666,7 +669,7 @@ class OperatorFit(Frozen):
         if not self.group_limit:
             return 1.0, 1.0, 1.0
         g = np.asarray(group, dtype=float)
-        other = (g > self.group_limit) | (g <= 1.0)
+        other = ~self.grouped(g)
         width = (np.asarray(head_dim, dtype=float) / HEAD_DIM_REF) ** self.group_row_head_dim_exp
         out = (np.where(other, g, 1.0),
                np.where(other, self.group_memory * (1.0 + (g - 1.0) * self.group_reread),
