@@ -4,9 +4,10 @@
     python -m simulator.validation.kernel_fit_report docs/kernel_fit_errors.json \\
         [--previous OLD.json]
 
-Prints the per-device table of one engine (``--engine``, vLLM by default) and the
-per-engine summary (median over devices of the per-device median APE on held-out shapes),
-with the previous fit's figures beside this one's where ``--previous`` gives them.
+Prints the per-device table of one engine (``--engine``, vLLM by default), the per-engine
+summary (median over devices of the per-device median APE on held-out shapes), with the
+previous fit's figures beside this one's where ``--previous`` gives them, and the cells (one
+engine's operator on one device) whose held-out median APE is at or above the 10 % target.
 :func:`interpolation_errors` checks the tables predictor (``kernel_fit --interpolation``).
 """
 
@@ -131,6 +132,24 @@ def summary_table(rows: Rows, previous: Rows) -> list[str]:
     return out
 
 
+TARGET_APE = 10.0
+"""Held-out median APE a cell must stay below (the operator-level target)."""
+
+
+def above_table(rows: Rows, limit: float = TARGET_APE) -> list[str]:
+    """The cells at or above ``limit`` % held out, worst first, and how many of all."""
+    cells = [r for table in rows.values() for r in table]
+    above = sorted((r for r in cells if r["median_ape_after"] >= limit),
+                   key=lambda r: (-r["median_ape_after"], r["engine"], r["device"], r["op"]))
+    out = [f"{len(above)} of {len(cells)} cells at or above {limit:g} % held out:", "",
+           "| engine | device | operator | held-out shapes | this fit % | p90 % | bias % |",
+           "|---|---|---|---|---|---|---|"]
+    out += [f"| {r['engine']} | {r['device']} | {_label(r['op'])} | {r['held_out_rows']} | "
+            f"**{r['median_ape_after']}** | {r['p90_ape_after']} | {r['median_error_after']:+} |"
+            for r in above]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(device_table(rows, previous, args.engine)))
     print()
     print("\n".join(summary_table(rows, previous)))
+    print()
+    print("\n".join(above_table(rows)))
 
 
 if __name__ == "__main__":
