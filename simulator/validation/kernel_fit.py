@@ -25,10 +25,12 @@ package is opened.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import itertools
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from simulator.hardware.operator_fits import (
     takes_key_tiles,
 )
 from simulator.hardware.profiles import DeviceProfile
+from simulator.hardware.registry import load_device
 from simulator.runner.kernel_tables import (
     _pick_version,
     _version_key,
@@ -769,8 +772,25 @@ def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | No
     return None, []
 
 
-def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | None
+def selected(op: str, ops: Sequence[str] | None) -> bool:
+    """Whether the family ``op`` is among ``ops`` (shell patterns such as ``moe*``; None: all).
+    The all-reduce curves are the family ``allreduce``. Attention over a BF16 and an FP8 KV
+    cache is scored together (the ``_all_kv`` rows), so a pattern that picks one picks both."""
+    if ops is None:
+        return True
+    names = {op}
+    if op.startswith("attention"):
+        base = op.removesuffix("_all_kv").removesuffix("_kv_fp8")
+        names = {base, base + "_kv_fp8"}
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names for pattern in ops)
+
+
+def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | None,
+               ops: Sequence[str] | None = None
                ) -> tuple[dict[str, OperatorFit], list[CollectiveCurve], list[dict[str, Any]], str]:
+    """Fit every operator family of ``device`` on ``engine``'s tables (``ops``: only the
+    families :func:`selected` picks; the all-reduce curves only where it picks
+    ``allreduce``)."""
     assert device.kernel_tables is not None
     base = root / device.kernel_tables
     samples: list[Samples] = []
@@ -804,10 +824,13 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     comm = _pick_version(base / "comm" / engine, version, "custom_allreduce_perf.parquet")
     if comm is not None:
         used.append(f"comm/{engine}/{comm.name}")
-        curves, rows = allreduce_curves(comm, device, engine)
+        if selected("allreduce", ops):
+            curves, rows = allreduce_curves(comm, device, engine)
     scored: dict[str, Samples] = {}
     for family in samples:
         if (~family.held_out).sum() < 20 or family.held_out.sum() < 5:
+            continue
+        if not selected(family.op, ops):
             continue
         dispatches = tuple(d for d in DISPATCH_CHOICES.get((engine, family.op), ())
                            if device.kernel_tables in DISPATCH_TABLES[d])
@@ -842,11 +865,46 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         rows.append(row)
     rows += [r for base in ("attention_prefill", "attention_decode", "attention_prefill_mla",
                             "attention_decode_mla")
-             if (r := both_kv_row(scored, fits, base, device, engine))]
+             if selected(base, ops) and (r := both_kv_row(scored, fits, base, device, engine))]
     source = (f"aiconfigurator-core {package_version(root)} systems/data/{device.kernel_tables}/"
               f"{{{', '.join(used)}}} (fitted by simulator/validation/kernel_fit.py, "
               f"{int(HOLDOUT_SHARE * 100)} % of shapes held out)")
     return fits, curves, rows, source
+
+
+def _with_committed(device: DeviceProfile, engine: str, fits: dict[str, OperatorFit],
+                    curves: list[CollectiveCurve], ops: Sequence[str]
+                    ) -> tuple[dict[str, OperatorFit], list[CollectiveCurve]]:
+    """``fits`` and ``curves`` of the families ``ops`` picks, with the committed constants of
+    every other family of ``engine`` on ``device`` (a picked family that is no longer kept
+    loses its committed fit)."""
+    committed = (load_device(device.name).operators or {}).get(engine)
+    if committed is None:
+        return fits, curves
+    merged = {str(op): f for op, f in committed.fits.items() if not selected(str(op), ops)}
+    merged.update(fits)
+    return merged, curves if selected("allreduce", ops) else list(committed.allreduce)
+
+
+def _merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]], devices: list[str],
+                ops: Sequence[str]) -> list[dict[str, Any]]:
+    """The error rows of one engine after fitting the families ``ops`` picks on ``devices``:
+    those families' old rows on those devices replaced by ``new``, in the old order (new
+    families at the end)."""
+    fresh = {(r["device"], r["op"]): r for r in new}
+    out = []
+    for r in old:
+        key = (r["device"], r["op"])
+        if key in fresh:
+            out.append(fresh.pop(key))
+        elif not (r["device"] in devices and selected(_family_of(r["op"]), ops)):
+            out.append(r)
+    return out + list(fresh.values())
+
+
+def _family_of(op: str) -> str:
+    """The family a row of the error table scores (``allreduce_8`` -> ``allreduce``)."""
+    return "allreduce" if op.startswith("allreduce_") else op
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -860,6 +918,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help=(
         "Write the error table into this JSON file, under the engine's name (other engines "
         "already in the file are kept; docs/kernel_fit_errors.json holds all three)."))
+    parser.add_argument("--ops", action="append", help=(
+        "Fit only these operator families (shell patterns, e.g. 'moe*', 'allreduce'; "
+        "repeatable). --write keeps every other family's committed constants and --json "
+        "every other family's rows."))
     parser.add_argument("--markdown", action="store_true", help="Print the error table.")
     parser.add_argument("--interpolation", action="store_true", help=(
         "Also print the tables predictor's interpolation error on dropped grid points."))
@@ -868,9 +930,13 @@ def main(argv: list[str] | None = None) -> None:
     if root is None:
         sys.exit("kernel_fit needs the tables: pip install 'disagg-sim[kernels]' or --data DIR")
     table: list[dict[str, Any]] = []
+    fitted: list[str] = []
     for device in devices_with_tables(root, args.device):
-        fits, curves, rows, source = fit_device(root, device, args.engine, args.version)
+        fits, curves, rows, source = fit_device(root, device, args.engine, args.version, args.ops)
         table += rows
+        fitted.append(device.name)
+        if args.ops is not None:
+            fits, curves = _with_committed(device, args.engine, fits, curves, args.ops)
         if args.write and (fits or curves):
             path = write_profile(device, fits, curves, args.engine, source)
             print(f"wrote {path}", file=sys.stderr)
@@ -881,6 +947,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:  # one list per engine; a file holding other engines keeps them
         old = json.loads(args.json.read_text()) if args.json.is_file() else {}
         merged = old if isinstance(old, dict) else {}
+        if args.ops is not None:  # the other families' rows, and other devices', stay
+            table = _merge_rows(merged.get(args.engine, []), table, fitted, args.ops)
         merged[args.engine] = table
         args.json.write_text(json.dumps(merged, indent=1) + "\n")
     if args.markdown or not args.json:
