@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,93 @@ def test_clamped_moe_samples_price_the_timed_tokens_rows_and_no_zero_slots(
     assert (clamped.rows / 4096).tolist() == [8.0, 8.0, 4.0, 64.0, 64.0, 32.0]
     assert (rank0.rows / 4096).tolist() == [8.0, 8.0, 8.0, 64.0, 64.0, 64.0]
     assert clamped.units.tolist() == [16.0, 16.0, 8.0, 128.0, 128.0, 64.0]
+
+
+CLAMPED = ("4096/14336/2/8", "2048/768/8/128")
+
+
+def _two_collectors(tmp_path: Path) -> tuple[dict[str, object], np.ndarray]:
+    """MoE samples of a table whose Mixtral and Qwen3-30B-A3B rows were timed on the clamped
+    load of rank 0 (every slot of its tokens computed there) and whose other layouts on the
+    plain rank-0 load, each made by one roofline with a floor; returned under each load, with
+    the timings."""
+    made = OperatorFit(compute=0.6, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=8.0)
+    layouts = ((4096, 14336, 2, 8), (2048, 768, 8, 128), (4096, 1536, 8, 128),
+               (7168, 2048, 8, 256), (2048, 512, 8, 256))
+    rows = [("synthetic", "bfloat16", tokens, h, inter, topk, experts, tp, ep, "balanced", 1.0)
+            for h, inter, topk, experts in layouts for tokens in (16, 256, 4096, 16384)
+            for tp in (1, 2) for ep in (1, 2, 4, 8)]
+    _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+    loads = {r: moe_samples(tmp_path, r)[0] for r in ("rank0", "rank0_clamped")}
+    clamped_rows = np.isin(loads["rank0"].layout, CLAMPED)
+    seconds = np.where(clamped_rows, *(
+        made.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth, s.flops, s.nbytes)
+        for s in (loads["rank0_clamped"], loads["rank0"])))
+    return {r: replace(s, seconds=seconds) for r, s in loads.items()}, seconds
+
+
+def test_mixed_routing_prices_each_layout_with_its_own_load(tmp_path: Path) -> None:
+    """Each row of the mixed samples is its layout's load's row: Mixtral's the clamped load's
+    (no other ranks' slots), the others the rank-0 load's."""
+    from simulator.validation.kernel_fit_samples import mixed_routing
+
+    loads, _ = _two_collectors(tmp_path)
+    mixtral = loads["rank0"].layout == CLAMPED[0]
+    assert 0 < mixtral.sum() < len(mixtral)
+    mixed = mixed_routing(loads, {CLAMPED[0]: "rank0_clamped"}, "rank0")
+    assert mixed.routing == "per_layout"
+    for name in ("flops", "nbytes", "units", "rows"):
+        want = np.where(mixtral, getattr(loads["rank0_clamped"], name),
+                        getattr(loads["rank0"], name))
+        assert np.array_equal(getattr(mixed, name), want), name
+    assert mixed.remote is not None
+    assert not mixed.remote[mixtral].any()
+    assert np.array_equal(mixed.remote[~mixtral], loads["rank0"].remote[~mixtral])
+    assert np.array_equal(mixed.tiles[1], np.where(mixtral, loads["rank0_clamped"].tiles[1],
+                                                   loads["rank0"].tiles[1]))
+
+
+def test_kernel_fit_finds_the_load_each_layout_was_timed_with(tmp_path: Path) -> None:
+    """Timings of two collectors in one table: neither load alone reproduces them, each layout
+    priced with its own load does, and the layouts choose the loads that made them."""
+    from simulator.validation.kernel_fit import fit_family, per_layout_fit, training_ape
+    from simulator.validation.kernel_fit_predict import predict
+
+    loads, seconds = _two_collectors(tmp_path)
+    no_tiles = H100.model_copy(update={"sm_count": None})
+    each = {r: fit_family(s, no_tiles) for r, s in loads.items()}
+    best = min(each.values(), key=lambda sf: training_ape(sf[0], no_tiles, sf[1]))
+    every = np.arange(len(seconds))
+    off = np.abs(predict(best[0], no_tiles, best[1], every) / seconds - 1)
+    assert off.max() > 0.3
+    mixed, fitted, chosen = per_layout_fit(each, best, no_tiles,
+                                           lambda m: fit_family(m, no_tiles)[1])
+    assert mixed.routing == "per_layout"
+    assert training_ape(mixed, no_tiles, fitted) < 1.0
+    assert np.abs(predict(mixed, no_tiles, fitted, every) / seconds - 1).max() < 0.05
+    assert {k for k, v in chosen.items() if v == "rank0_clamped"} == set(CLAMPED)
+    assert set(chosen.values()) == {"rank0", "rank0_clamped"}
+
+
+def test_held_out_shapes_do_not_choose_a_layouts_load(tmp_path: Path) -> None:
+    """A layout's load is chosen on its training shapes alone: with Mixtral's rows of EP > 1
+    (where the two loads differ) held out, its training rows of EP 1 cannot tell the loads
+    apart and the choice falls to the first load; with all its rows held out it is left out
+    of the choice."""
+    from simulator.validation.kernel_fit import fit_family, layout_loads
+
+    loads, _ = _two_collectors(tmp_path)
+    no_tiles = H100.model_copy(update={"sm_count": None})
+    clamped_fit = fit_family(loads["rank0_clamped"], no_tiles)[1]
+    each = {r: (s, clamped_fit) for r, s in loads.items()}  # one fit: only the loads differ
+    mixtral = loads["rank0"].layout == CLAMPED[0]
+    assert layout_loads(each, no_tiles)[CLAMPED[0]] == "rank0_clamped"
+    ep1 = np.isclose(loads["rank0"].rows, loads["rank0_clamped"].rows) & (
+        loads["rank0"].flops == loads["rank0_clamped"].flops)
+    held = {r: (replace(s, held_out=mixtral & ~ep1), f) for r, (s, f) in each.items()}
+    assert layout_loads(held, no_tiles)[CLAMPED[0]] == "rank0"
+    gone = {r: (replace(s, held_out=mixtral), f) for r, (s, f) in each.items()}
+    assert CLAMPED[0] not in layout_loads(gone, no_tiles)
 
 
 def test_kernel_fit_recovers_timings_made_on_the_timed_ranks_load(tmp_path: Path) -> None:

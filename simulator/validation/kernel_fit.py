@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import itertools
 import json
 import math
@@ -66,6 +67,7 @@ from simulator.validation.kernel_fit_predict import (
     evaluate,
     extra_floor,
     flops,
+    predict,
     training_ape,
     warm_share,
 )
@@ -76,6 +78,7 @@ from simulator.validation.kernel_fit_samples import (
     Samples,
     attention_samples,
     gemm_samples,
+    mixed_routing,
     mla_samples,
     moe_samples,
 )
@@ -182,6 +185,24 @@ expert 0 before the Triton fused MoE runs (collector/sglang/collect_moe.py,
 ``topk_ids.clamp(min=0)``). On A100 the 128-expert, top-8 layout of hidden size 2,048 at
 8,192 tokens takes 0.94-0.97 of its EP 1 time at EP 2-8, where the rank's own slots are
 1/2-1/8 of EP 1's."""
+PER_LAYOUT_ROUTING_ENGINES = ("sglang",)
+"""Engines whose MoE families may also price each model layout with its own load of the timed
+rank (:func:`per_layout_fit`), chosen on the layout's training shapes only: SGLang's tables
+were collected model by model (ai-dynamo/aiconfigurator ``collector/cases/models/*_cases.yaml``,
+one collection plan per architecture) with collector versions that time EP > 1 differently.
+One hands the kernel the whole batch with the other ranks' slots as expert -1 (written as
+zeros); ``collector/sglang/collect_moe.py`` as of the clamp hands it only the tokens with an
+expert on rank 0 and computes their other slots on local expert 0
+(``topk_ids.clamp(min=0)``, :func:`~simulator.validation.kernel_fit_samples.
+balanced_rank0_clamped_load`). The tables show both within one device's table: SGLang 0.5.14
+on B200, at the largest batch, the Triton MoE of Mixtral-8x7B / 8x22B and Gemma-4 26B (top-8
+of 128) takes 0.95-1.0 of its EP 1 time at EP 2 at every TP (every token keeps all its slots
+on the rank), where Llama-4's, the 256-expert top-8 layout's and the 128-expert top-4 layout's
+take 0.53-0.60; the FP8 block-scaled rows of DeepSeek-V3 (7,168 / 2,048, top-8 of 256) take
+1.00 on both kernels where the other FP8 layouts take 0.54-0.72."""
+PER_LAYOUT_ROUNDS = 2
+"""Rounds of :func:`per_layout_fit`: choose each layout's load, refit on the mixed samples,
+choose again with that fit."""
 MOE_KERNEL_FAMILIES: dict[str, dict[str, str]] = {
     "sglang": {"sglang_flashinfer_trtllm_moe": "_flashinfer_trtllm"}}
 """MoE rows an engine's tables time on a second kernel (the table's ``kernel_source``), fitted
@@ -753,6 +774,60 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     return best[1], best[2]
 
 
+def layout_loads(fitted: dict[str, tuple[Samples, OperatorFit]], device: DeviceProfile,
+                 min_rows: int = 5) -> dict[str, str]:
+    """Per model layout (:attr:`Samples.layout`), the load of the timed rank whose samples and
+    fit (``fitted``: routing -> (samples, fit), the same rows under each load) price the
+    layout's training shapes with the lowest median APE. Held-out shapes never choose; a
+    layout with fewer than ``min_rows`` training shapes is left out (it takes the family's
+    load)."""
+    first = next(iter(fitted.values()))[0]
+    if first.layout is None:
+        return {}
+    train = ~first.held_out
+    errors = {r: np.abs(predict(s, device, f, np.arange(len(s.seconds))) / s.seconds - 1)
+              for r, (s, f) in fitted.items()}
+    choice = {}
+    for layout in np.unique(first.layout):
+        rows = train & (first.layout == layout)
+        if rows.sum() >= min_rows:
+            choice[str(layout)] = min(errors, key=lambda r: float(np.median(errors[r][rows])))
+    return choice
+
+
+def _refit(samples: Samples, device: DeviceProfile, dispatches: tuple[str, ...],
+           moe_kernels: tuple[str, ...], remote: bool) -> OperatorFit:
+    """A MoE family's fit on ``samples``, as :func:`fit_device` fits each load."""
+    return fit_family(samples, device, dispatches, (), moe_kernels, remote=remote)[1]
+
+
+def per_layout_fit(fitted: dict[str, tuple[Samples, OperatorFit]], best: tuple[Samples, OperatorFit],
+                   device: DeviceProfile, refit: Any
+                   ) -> tuple[Samples, OperatorFit, dict[str, str]]:
+    """A MoE family fitted with each model layout priced with its own load of the timed rank
+    (:data:`PER_LAYOUT_ROUTING_ENGINES`): each layout takes the load whose own fit prices its
+    training shapes best (:func:`layout_loads`), the family is refitted on those mixed samples
+    (:func:`~simulator.validation.kernel_fit_samples.mixed_routing`, ``refit``: samples ->
+    fit), and the layouts choose again with that fit, :data:`PER_LAYOUT_ROUNDS` times. Kept
+    only where it scores better on the training shapes than ``best``, the family's single
+    load; returned with each layout's load (empty where ``best`` is kept). Only the samples
+    change: the step model prices the engine's own load as before."""
+    loads = {r: s for r, (s, _) in fitted.items()}
+    default = best[0].routing
+    choice = layout_loads(fitted, device)
+    kept: tuple[Samples, OperatorFit, dict[str, str]] = (*best, {})
+    score = training_ape(best[0], device, best[1])
+    for _ in range(PER_LAYOUT_ROUNDS):
+        if set(choice.values()) <= {default}:
+            break
+        mixed = mixed_routing(loads, choice, default)
+        fit_mixed = refit(mixed)
+        if (new := training_ape(mixed, device, fit_mixed)) < score:
+            kept, score = (mixed, fit_mixed, choice), new
+        choice = layout_loads({r: (s, fit_mixed) for r, s in loads.items()}, device)
+    return kept
+
+
 def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | None = None,
                  tuned: frozenset[tuple[int, int]] | None = None, fp8_dtype: str = "fp8"
                  ) -> tuple[Path | None, list[Samples]]:
@@ -849,14 +924,23 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                           in ROW_WIDTH_TABLES.get(engine, ())),
                                rope_kernel=engine in ROW_WIDTH_ENGINES,
                                q_copy=engine in Q_COPY_ENGINES)
+        each = {family.routing: (s, fitted)}
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote)
+            each[other.routing] = (s0, f0)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):
                 s, fitted = s0, f0
+        chosen: dict[str, str] = {}
+        if engine in PER_LAYOUT_ROUTING_ENGINES and len(each) > 1:
+            s, fitted, chosen = per_layout_fit(each, (s, fitted), device, functools.partial(
+                _refit, device=device, dispatches=dispatches, moe_kernels=moe_kernels,
+                remote=remote))
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         if s.op in loads:
             row["moe_load"] = s.routing
+            if chosen:
+                row["moe_layout_loads"] = chosen
         # Keep a fit only where it beats the device-wide constants on the shapes it was
         # fitted on (the held-out shapes are never used to choose).
         row["kept"] = training_ape(s, device, fitted) < training_ape(s, device, None)

@@ -74,7 +74,11 @@ class Samples:
     (``OperatorFit.remote_slots``)."""
     routing: str = ""
     """MoE: the load of the timed rank the samples are priced with
-    (:data:`simulator.validation.kernel_fit.MOE_ROUTINGS`)."""
+    (:data:`simulator.validation.kernel_fit.MOE_ROUTINGS`; ``per_layout``: each model layout
+    its own, :func:`mixed_routing`)."""
+    layout: np.ndarray | None = None
+    """MoE: the model layout of each row (``hidden/inter/topk/experts``), the unit the
+    collector was run per (:func:`mixed_routing`)."""
 
     @property
     def prefill(self) -> bool:
@@ -275,7 +279,8 @@ def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
     return Samples(op, s.precision, s.flops[mask], s.nbytes[mask], s.units[mask], s.rows[mask],
                    s.seconds[mask], s.held_out[mask], f"{s.source} ({op})", cut(s.kv_rows),
                    tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes), cut(s.footprint),
-                   heads=cut(s.heads), remote=cut(s.remote))
+                   heads=cut(s.heads), remote=cut(s.remote),
+                   routing=s.routing, layout=cut(s.layout))
 
 
 NON_GATED_LAYOUTS = ((22, 512, None, None), (6, 128, 2688, 1856))
@@ -432,5 +437,34 @@ def moe_samples(folder: Path, routing: str = "expected",
                            tiles=(touched, tokens_here / np.maximum(touched, 1e-9),
                                   2 * inter / tp, h),
                            remote=None if remote is None else np.maximum(remote - tokens_here, 0.0),
-                           routing=routing))
+                           routing=routing,
+                           layout=p[shape[1:5]].astype(str).agg("/".join, axis=1).to_numpy()))
     return out
+
+
+def mixed_routing(loads: dict[str, Samples], choice: dict[str, str], default: str) -> Samples:
+    """One MoE family's samples with each model layout priced with its own load of the timed
+    rank: ``loads`` are the family's samples under each routing of
+    :func:`moe_samples` (same rows, same order), ``choice`` maps a layout
+    (:attr:`Samples.layout`) to the routing its rows take, ``default`` the routing of the
+    layouts not in it. A row of a load without the other ranks' slots
+    (``rank0_clamped``) carries none (0)."""
+    ref = loads[default]
+    assert ref.layout is not None
+    assert ref.tiles is not None
+    picks = {r: np.array([choice.get(str(k), default) == r for k in ref.layout]) for r in loads}
+
+    def pick(name: str) -> np.ndarray:
+        out = np.zeros_like(ref.seconds)
+        for r, s in loads.items():
+            a = getattr(s, name)
+            if a is not None:
+                out = np.where(picks[r], a, out)
+        return out
+
+    tiles = tuple(np.select([picks[r] for r in loads], [s.tiles[i] for s in loads.values()
+                                                        if s.tiles is not None])
+                  for i in range(len(ref.tiles)))
+    return Samples(ref.op, ref.precision, pick("flops"), pick("nbytes"), pick("units"),
+                   pick("rows"), ref.seconds, ref.held_out, f"{ref.source} (per-layout load)",
+                   tiles=tiles, remote=pick("remote"), routing="per_layout", layout=ref.layout)
