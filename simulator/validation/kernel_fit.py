@@ -200,6 +200,10 @@ of 128) takes 0.95-1.0 of its EP 1 time at EP 2 at every TP (every token keeps a
 on the rank), where Llama-4's, the 256-expert top-8 layout's and the 128-expert top-4 layout's
 take 0.53-0.60; the FP8 block-scaled rows of DeepSeek-V3 (7,168 / 2,048, top-8 of 256) take
 1.00 on both kernels where the other FP8 layouts take 0.54-0.72."""
+COLLECTOR_LOADS = ("rank0", "rank0_clamped")
+"""The loads of the timed rank a layout may take in :func:`per_layout_fit`: the two ways the
+collector has timed EP > 1 (the expected load under random routing is the step model's, not a
+collector's, so a layout does not choose it)."""
 PER_LAYOUT_ROUNDS = 2
 """Rounds of :func:`per_layout_fit`: choose each layout's load, refit on the mixed samples,
 choose again with that fit."""
@@ -778,15 +782,16 @@ def layout_loads(fitted: dict[str, tuple[Samples, OperatorFit]], device: DeviceP
                  min_rows: int = 5) -> dict[str, str]:
     """Per model layout (:attr:`Samples.layout`), the load of the timed rank whose samples and
     fit (``fitted``: routing -> (samples, fit), the same rows under each load) price the
-    layout's training shapes with the lowest median APE. Held-out shapes never choose; a
-    layout with fewer than ``min_rows`` training shapes is left out (it takes the family's
-    load)."""
+    layout's training shapes with the lowest median APE, among the collector's loads
+    (:data:`COLLECTOR_LOADS`). Held-out shapes never choose; a layout with fewer than
+    ``min_rows`` training shapes is left out (it takes the family's load)."""
     first = next(iter(fitted.values()))[0]
-    if first.layout is None:
+    candidates = {r: v for r, v in fitted.items() if r in COLLECTOR_LOADS}
+    if first.layout is None or len(candidates) < 2:
         return {}
     train = ~first.held_out
     errors = {r: np.abs(predict(s, device, f, np.arange(len(s.seconds))) / s.seconds - 1)
-              for r, (s, f) in fitted.items()}
+              for r, (s, f) in candidates.items()}
     choice = {}
     for layout in np.unique(first.layout):
         rows = train & (first.layout == layout)
