@@ -857,3 +857,114 @@ def test_writing_one_engines_fits_keeps_what_another_wrote_since(
         assert set(loaded.operators or {}) == set(stale.operators or {})
     finally:
         load_device.cache_clear()
+
+
+def test_the_routing_kernels_add_their_elements_per_slot_on_the_rank() -> None:
+    """A fit with ``slot_kernels`` adds, per MoE layer, the elements TensorRT-LLM's separate
+    permutation, activation and un-permutation kernels move per token slot on the rank
+    (3 x hidden + 1.5 x gate+up columns each) at the fit's per-row rate; with EP the rank
+    holds a share of the slots, and a fit without the term adds nothing."""
+    from simulator.cost import InstanceCostModel
+    from simulator.cost.accounting import LinkSet
+    from simulator.cost.batch import BatchShape
+    from simulator.cost.parallel import Parallelism
+    from simulator.hardware.operator_fits import OperatorFits
+    from simulator.hardware.registry import load_link
+
+    model = get_model("Mixtral-8x7B")
+    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0,
+                      per_row_ps=2.0)
+    nvl = load_link(H100.scale_up_link)
+
+    def moe(par: Parallelism, slots: bool) -> float:
+        device = H100.model_copy(update={"operators": {"trtllm": OperatorFits(
+            source="t", fits={"moe": fit.model_copy(update={"slot_kernels": slots})})}})
+        cost = InstanceCostModel(model, device, par, links=LinkSet(tp=nvl if par.tp > 1 else None),
+                                 engine="trtllm", fitted=True)
+        return cost.breakdown(BatchShape.decode(64, 64 * 1000))["moe"]
+
+    h, inter = model.hidden_size, model.moe_intermediate_size
+    for par, ep in ((Parallelism(), 1), (Parallelism(tp=8, ep=8), 8)):
+        slots = 64 * model.num_experts_per_token / ep
+        moved = slots * (3 * h + 1.5 * 2 * inter)
+        assert moe(par, True) - moe(par, False) == pytest.approx(
+            model.num_layers * moved * fit.per_row_ps * 1e-12, rel=1e-9)
+    assert fit.slot_rows(10.0, 512.0, 256.0) == 0.0
+    assert fit.model_copy(update={"slot_kernels": True}).slot_rows(10.0, 512.0, 256.0) == (
+        10.0 * (3 * 256.0 + 1.5 * 512.0))
+
+
+def test_slot_kernels_belong_to_moe_fits() -> None:
+    from simulator.hardware.operator_fits import OperatorFits
+
+    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0,
+                      slot_kernels=True)
+    OperatorFits(source="t", fits={"moe_fp8": fit})
+    with pytest.raises(ValueError, match="slot_kernels"):
+        OperatorFits(source="t", fits={"gemm": fit})
+
+
+def test_kernel_fit_finds_the_routing_kernels_per_slot(tmp_path: Path) -> None:
+    """Timings made with the routing kernels' elements per slot on the rank (a roofline with
+    a floor and per-row work, the elements of :meth:`OperatorFit.slot_rows` added to it) are
+    fitted with ``slot_kernels`` where it is offered and reproduced; the same timings without
+    them are fitted without it, and a fit not offered the term does not take it."""
+    from simulator.validation.kernel_fit import fit_family, training_ape
+
+    made = OperatorFit(compute=0.6, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=8.0,
+                       per_row_ps=3.0)
+    for slots_on in (True, False):
+        truth = made.model_copy(update={"slot_kernels": slots_on})
+        rows = []
+        for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
+                                        (7168, 2048, 8, 256), (3072, 1024, 8, 256),
+                                        (2048, 512, 8, 256), (6144, 2560, 8, 160)):
+            for tokens in (1, 16, 256, 2048, 16384):
+                for ep in (1, 8, 64):
+                    slots = tokens * topk / ep
+                    touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
+                    nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
+                    per_row = tokens * h + truth.slot_rows(slots, 2 * inter, h)
+                    ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
+                                             2 * slots * 3 * h * inter, nbytes, slots,
+                                             per_row)) * 1e3
+                    rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
+                                 ep, "balanced", ms))
+        _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+        (samples,) = moe_samples(tmp_path)
+        no_tiles = H100.model_copy(update={"sm_count": None})
+        chosen, fitted = fit_family(samples, no_tiles, slot_kernels=True)
+        assert fitted.slot_kernels is slots_on
+        assert training_ape(chosen, no_tiles, fitted) < 1.0
+        if slots_on:
+            assert not fit_family(samples, no_tiles)[1].slot_kernels
+
+
+def test_a_written_profile_keeps_the_slot_kernels(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel_fit --write`` keeps ``slot_kernels`` where a fit took it and leaves the key
+    out where it did not; the profile loads back with the same fits."""
+    import shutil
+
+    import yaml
+
+    import simulator.validation.kernel_fit_profile as writer
+    from simulator.hardware import registry
+
+    shutil.copytree(registry.profiles_dir() / "devices", tmp_path / "devices")
+    monkeypatch.setattr(registry, "profiles_dir", lambda: tmp_path)
+    monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
+    base = OperatorFit(compute=0.5, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=4.0,
+                       tile_m=64, tile_n=64)
+    fits = {"moe": base.model_copy(update={"slot_kernels": True}), "moe_fp8": base}
+    load_device.cache_clear()
+    try:
+        path = writer.write_profile(load_device("H100-SXM"), fits, [], "trtllm", "test source")
+        written = yaml.safe_load(path.read_text())["operators"]["trtllm"]["fits"]
+        assert written["moe"]["slot_kernels"] is True
+        assert "slot_kernels" not in written["moe_fp8"]
+        loaded = load_device("H100-SXM").operator_fits("trtllm")
+        assert loaded["moe"] == fits["moe"].model_copy(update={"rows": loaded["moe"].rows})
+        assert loaded["moe_fp8"].slot_kernels is False
+    finally:
+        load_device.cache_clear()

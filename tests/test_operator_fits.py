@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +13,7 @@ from simulator.cost import BatchShape, InstanceCostModel, LinkSet, Parallelism, 
 from simulator.hardware import load_device, load_link
 from simulator.hardware.operator_fits import CollectiveCurve, OperatorFit, OperatorFits
 from simulator.models import get_model
+from simulator.validation.kernel_fit_comm import knot_errors
 
 FIT = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=1e6, half_units=30.0,
                   floor_us=5.0, per_row_ps=2.0)
@@ -135,7 +139,7 @@ def test_a_group_of_gemms_costs_what_its_gemms_cost_alone() -> None:
     assert sum(group) == pytest.approx(sum(sum(a) for a in alone), rel=1e-12)
 
 
-def test_collective_curve_interpolates_in_log_log_and_stops_at_its_ends() -> None:
+def test_collective_curve_interpolates_linearly_and_stops_at_its_ends() -> None:
     curve = CollectiveCurve(ranks=8, points=[(1e3, 5.0), (1e5, 5.0), (1e7, 500.0)])
     assert curve.seconds(1e4) == pytest.approx(5e-6)
     assert curve.seconds(1e6) == pytest.approx(50e-6)
@@ -143,6 +147,34 @@ def test_collective_curve_interpolates_in_log_log_and_stops_at_its_ends() -> Non
     assert curve.seconds(1e8) is None
     with pytest.raises(ValueError, match="increase"):
         CollectiveCurve(ranks=2, points=[(10, 1.0), (5, 2.0)])
+
+
+def test_collective_curve_is_exact_on_a_latency_plus_bandwidth_law() -> None:
+    """Between knots of one algorithm (time = latency + size / bandwidth) the curve returns the
+    law itself; straight lines in log-log priced the midpoints up to 40 % too slow."""
+    law = lambda size: 10.0 + size / 1e3  # noqa: E731  (us)
+    sizes = [4.0 ** j * 1e3 for j in range(8)]
+    curve = CollectiveCurve(ranks=4, points=[(b, law(b)) for b in sizes])
+    for lo, hi in itertools.pairwise(sizes):
+        mid = (lo + hi) / 2
+        assert curve.seconds(mid) == pytest.approx(law(mid) * 1e-6, rel=1e-12)
+    assert max(knot_errors(curve)) == pytest.approx(0.0, abs=1e-9)
+    assert max(knot_errors(curve, log_log=True)) > 20.0
+
+
+def test_collective_curve_reads_a_slow_knot_as_the_next_larger_message() -> None:
+    """A knot above a larger message's time (a timing's noise only adds) is read as that
+    later time: a smaller message never costs more than a larger one."""
+    curve = CollectiveCurve(ranks=8, points=[(128, 25.0), (512, 33.0), (2048, 34.0),
+                                             (8192, 27.8), (32768, 91.4)])
+    sizes, times = curve.knots()
+    assert list(sizes) == [128, 512, 2048, 8192, 32768]
+    assert list(times) == [25.0, 27.8, 27.8, 27.8, 91.4]
+    assert curve.seconds(1024) == pytest.approx(27.8e-6)
+    assert curve.seconds(256) == pytest.approx((25.0 + (27.8 - 25.0) * 128 / 384) * 1e-6)
+    grid = np.geomspace(128, 32768, 200)
+    got = [curve.seconds(b) for b in grid]
+    assert all(b >= a for a, b in itertools.pairwise(got))  # type: ignore[operator]
 
 
 def test_profiles_carry_fits_with_their_source_per_engine() -> None:

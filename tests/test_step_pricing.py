@@ -466,4 +466,4 @@ CURVES = [c for name in device_names() for fits_ in (load_device(name).operators
 @settings(max_examples=300, deadline=None)
 @given(curve=st.sampled_from(CURVES), nbytes=st.floats(0, 1e10))
 def test_allreduce_curve_with_knots_kept_equals_one_without(curve: Any, nbytes: float) -> None:
-    assert curve.seconds(nbytes, curve.log_knots()) == curve.seconds(nbytes)
+    assert curve.seconds(nbytes, curve.knots()) == curve.seconds(nbytes)

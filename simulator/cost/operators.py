@@ -482,6 +482,8 @@ class OperatorPricing:
                  and few_token_batch(group_tokens, experts_here) else "moe")
         fit = self._fits.get(label)
         rows = tokens * h
+        if fit is not None:  # the routing kernels' elements per slot (OperatorFit.slot_kernels)
+            rows += fit.slot_rows(tokens_here, 2 * width, h)
         if fit is not None and exchange is None:
             # Without a token exchange every rank holds every token; a kernel that writes
             # every routed slot (OperatorFit.remote_slots) writes the other ranks' too.

@@ -116,7 +116,7 @@ class InstanceCostModel(OperatorPricing):
                 and self.ep_group.measured is None and dev.sm_count):
             # The device's measured DeepEP kernels price the NVLink leg (cost/moe_comm.py).
             self.ep_group = replace(self.ep_group, measured=dev.deepep, sm_count=dev.sm_count)
-        self._ar_knots = {ranks: c.log_knots() for ranks, c in self._ar_curves.items()}
+        self._ar_knots = {ranks: c.knots() for ranks, c in self._ar_curves.items()}
         self._peak16 = dev.peak_flops("bf16")
         # (n, k) of each GEMM per device, for predictors that look shapes up in tables.
         h = m.hidden_size

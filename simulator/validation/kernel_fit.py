@@ -237,6 +237,17 @@ sglang .../fused_moe_triton/, ``write_zeros_to_output``). TensorRT-LLM's CUTLASS
 gathers only its own rank's slots and writes nothing for the others
 (cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/, ``expandInputRowsKernel`` and
 ``finalizeMoeRoutingKernel`` skip experts outside the rank), so its fits are not."""
+SLOT_KERNEL_ENGINES = ("trtllm",)
+"""Engines whose MoE fits are offered the work of the routing kernels outside the grouped
+GEMMs per routed token slot (``OperatorFit.slot_kernels``), with every tile choice and on
+their training shapes only: TensorRT-LLM, whose CUTLASS fused MoE runs the permutation, the
+gated activation and the un-permutation as kernels of their own between and after its two
+grouped GEMMs (cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_kernels.cu:
+``expandInputRowsKernel``, ``doActivationKernel``, ``finalizeMoeRoutingKernel``), each
+moving elements per slot on the rank. On TensorRT-LLM 1.3.0rc20's tables every MoE fit
+took it but L40S FP8 (H200 BF16 training shapes 8.7 -> 5.4 %, median APE of the thinned
+training set); vLLM's and SGLang's Triton kernel gathers its rows inside the GEMM and is not
+offered it."""
 KEY_TILE_ENGINES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm": ("fa3_sm90", HOPPER_TABLES), "sglang": ("fa3_sm90", HOPPER_TABLES),
     "trtllm": ("fmha_v2_sm90", HOPPER_TABLES)}
@@ -323,7 +334,9 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             l2: bool = False, remote: bool = False, head_tile: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
-            rope: bool = False, block_sms: float = 0.0, qcopy: bool = False) -> OperatorFit:
+            rope: bool = False, block_sms: float = 0.0, qcopy: bool = False,
+            slots: bool = False) -> OperatorFit:
+    # ``slots`` (MoE) is a choice, not a fitted element (OperatorFit.slot_kernels).
     # With ``qcopy`` (decode attention with a group limit) the very last element is
     # log(q_copy_us), stripped before all others (OperatorFit.q_copy_us).
     q_copy = min(_exp(x[-1]), 100.0) if qcopy and group_limit else 0.0
@@ -406,7 +419,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
-                       remote_slots=remote, head_tile=head_tile,
+                       remote_slots=remote, slot_kernels=slots, head_tile=head_tile,
                        resident_blocks=block_sms or resident,
                        exposed=share, per_group_ns=group_ns, sustained_us=after_us,
                        sustained_rate=rate, key_tiles=key_tiles,  # type: ignore[arg-type]
@@ -441,6 +454,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        rope_kernel_us=(round(f.rope_kernel_us, 3)
                                        if f.group_limit and f.rope_kernel_us > 1e-3 else 0.0),
                        l2_speedup=round(f.l2_speedup, 3), remote_slots=f.remote_slots,
+                       slot_kernels=f.slot_kernels,
                        head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks),
                        exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),
                        sustained_us=sig4(f.sustained_us) if f.sustained_rate < 1 else 0.0,
@@ -458,7 +472,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
         width: bool = False, rope: bool = False, block: bool = False,
-        qcopy: bool = False) -> OperatorFit:
+        qcopy: bool = False, slots: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -488,7 +502,9 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     (``OperatorFit.rope_kernel_us``); a whole-context decode fit with ``block``, the rate
     one block streams its sequence at, the device's SMs resident
     (``OperatorFit.block_gbs``); decode attention with a group limit with ``qcopy``, the
-    query copy of FlashAttention-2's varlen decode path (``OperatorFit.q_copy_us``)."""
+    query copy of FlashAttention-2's varlen decode path (``OperatorFit.q_copy_us``); a MoE
+    family with ``slots``, the elements the routing kernels outside the grouped GEMMs move
+    per routed slot as per-row work (``OperatorFit.slot_kernels``)."""
     qcopy = qcopy and bool(group_limit) and samples.decode and samples.tiles is not None
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
@@ -506,7 +522,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         block and samples.decode and tile_m == WHOLE_CONTEXT and not head_tile) else 0.0
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
-                    remote=remote, head_tile=head_tile, key_tiles=key_tiles)
+                    remote=remote, head_tile=head_tile, key_tiles=key_tiles, slots=slots)
     f = flops(samples, start, idx)
     warm = warm_share(samples, device, idx) if l2 else 0.0
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
@@ -519,7 +535,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
-                        sustained, width, rope, block_sms, qcopy)
+                        sustained, width, rope, block_sms, qcopy, slots)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -569,7 +585,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
-                            rope, block_sms, qcopy))
+                            rope, block_sms, qcopy, slots))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -585,7 +601,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                causal: bool = True, remote: bool = True,
                head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = "",
                whole_context: bool = False, row_width: bool = False,
-               rope_kernel: bool = True, q_copy: bool = False) -> tuple[Samples, OperatorFit]:
+               rope_kernel: bool = True, q_copy: bool = False,
+               slot_kernels: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -612,7 +629,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     dimension, without and (with ``rope_kernel``) with the measured shapes' separate RoPE
     kernel (:data:`ROW_WIDTH_ENGINES`, :data:`ROW_WIDTH_TABLES`); with ``q_copy``, a grouped
     decode fit is refitted on its chosen terms with FlashAttention-2's query copy
-    (:data:`Q_COPY_ENGINES`).
+    (:data:`Q_COPY_ENGINES`); with ``slot_kernels``, a MoE family with and without the
+    routing kernels' work per routed slot (``OperatorFit.slot_kernels``,
+    :data:`SLOT_KERNEL_ENGINES`), every tile choice.
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -642,16 +661,20 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     packs = (False, True) if family.prefill else (False,)
     # MoE: with and without the other ranks' token slots (OperatorFit.remote_slots).
     remotes = (False, True) if remote and family.remote is not None else (False,)
+    # MoE: with and without the routing kernels' work per slot (OperatorFit.slot_kernels).
+    slot_offers = ((False, True) if slot_kernels and family.op.startswith("moe")
+                   and family.tiles is not None else (False,))
     # Prefill attention: without and with a kernel's whole key blocks (OperatorFit.key_tiles).
     keys = ("", key_tiles) if key_tiles and family.prefill else ("",)
-    for (samples, unit), l2, others, key in itertools.product(variants, l2s, remotes, keys):
+    for (samples, unit), l2, others, key, slots in itertools.product(variants, l2s, remotes, keys,
+                                                                     slot_offers):
         # FlashAttention-3's tiles come with its GQA packing (PACKED_KEY_TILES): the
         # causal fits too, which otherwise count one head per block.
         packed = key in PACKED_KEY_TILES
         for tile_m, tile_n, split_k in tiles:
             for pack in ((True,) if packed else packs) if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack,
-                                            l2=l2, remote=others, key_tiles=key))
+                                            l2=l2, remote=others, key_tiles=key, slots=slots))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
                 consider(samples, unit, fit(samples, device, tile_m, pack_gqa=packed,
                                             causal=True, l2=l2, key_tiles=key))
@@ -688,7 +711,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         kept = best[2]
         consider(best[1], kept.row_unit, fit(
             best[1], device, kept.tile_m, kept.tile_n, kept.split_k, 0, kept.pack_gqa, l2=True,
-            remote=kept.remote_slots, head_tile=kept.head_tile))
+            remote=kept.remote_slots, head_tile=kept.head_tile, slots=kept.slot_kernels))
     # GEMM-like families: the per-tile fixed work, given the chosen tiles; a tile dispatch
     # table competes with the chosen tile size after both have their fixed work.
     candidates = [best[2]]
@@ -712,7 +735,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 consider(samples, chosen.row_unit, fit(
                     samples, device, chosen.tile_m, chosen.tile_n, chosen.split_k, k0,
                     chosen.pack_gqa, chosen.tile_dispatch, moe_kernel=chosen.moe_kernel,
-                    l2=chosen.l2_speedup != 1.0, remote=chosen.remote_slots))
+                    l2=chosen.l2_speedup != 1.0, remote=chosen.remote_slots,
+                    slots=chosen.slot_kernels))
     if exposed and family.op.startswith(EXPOSED_FAMILIES) and family.tiles is not None:
         kept = best[2]  # the chosen tiles and fixed work, with the new terms fitted
         # (exposed, per_group): GEMMs and prefill attention (with its causal terms and key
@@ -724,7 +748,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 best[1], device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
                 kept.pack_gqa, kept.tile_dispatch, moe_kernel=kept.moe_kernel,
                 causal=bool(kept.causal_tail), softmax=bool(kept.softmax_dim),
-                l2=kept.l2_speedup != 1.0, remote=kept.remote_slots, exposed=share,
+                l2=kept.l2_speedup != 1.0, remote=kept.remote_slots,
+                slots=kept.slot_kernels, exposed=share,
                 per_group=groups, key_tiles=kept.key_tiles))
     if family.op.startswith("gemm") and family.tiles is not None:
         # The chosen terms with the lower rate of a long kernel (OperatorFit.sustained_us).
@@ -928,10 +953,12 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                row_width=(engine in ROW_WIDTH_ENGINES or device.kernel_tables
                                           in ROW_WIDTH_TABLES.get(engine, ())),
                                rope_kernel=engine in ROW_WIDTH_ENGINES,
-                               q_copy=engine in Q_COPY_ENGINES)
+                               q_copy=engine in Q_COPY_ENGINES,
+                               slot_kernels=engine in SLOT_KERNEL_ENGINES)
         each = {family.routing: (s, fitted)}
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
-            s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote)
+            s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote,
+                                slot_kernels=engine in SLOT_KERNEL_ENGINES)
             each[other.routing] = (s0, f0)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):
                 s, fitted = s0, f0

@@ -14,13 +14,31 @@ import pandas as pd
 
 from simulator.cost.collectives import allreduce_time
 from simulator.cost.operators import RESIDUAL_BYTES
-from simulator.hardware.operator_fits import CollectiveCurve
+from simulator.hardware.operator_fits import CollectiveCurve, lower_envelope
 from simulator.hardware.profiles import DeviceProfile
 from simulator.hardware.registry import load_link
 
 
 def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
     return np.abs(pred / meas - 1) * 100
+
+
+def knot_errors(curve: CollectiveCurve, log_log: bool = False) -> np.ndarray:
+    """APE (%) of each interior knot predicted from the others, with the curve's own rule
+    (:meth:`CollectiveCurve.seconds`: linear in the size on the lower envelope) or, with
+    ``log_log``, the earlier one (straight lines in log size and log time between the
+    measured knots). Reads the knots only: the rule was chosen on these errors, never on the
+    held-out sizes."""
+    sizes, times = (np.array([p[i] for p in curve.points]) for i in (0, 1))
+    errors = []
+    for i in range(1, len(sizes) - 1):
+        rest, rest_t = np.delete(sizes, i), np.delete(times, i)
+        if log_log:
+            got = math.exp(np.interp(math.log(sizes[i]), np.log(rest), np.log(rest_t)))
+        else:
+            got = float(np.interp(sizes[i], rest, lower_envelope(rest_t)))
+        errors.append(abs(got / times[i] - 1) * 100)
+    return np.array(errors)
 
 
 def allreduce_curves(folder: Path, device: DeviceProfile,

@@ -102,8 +102,12 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
     its grouped kernel re-reads KV per query head and has a block per query head
     (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head); a MoE
     kernel that writes every routed slot adds the other ranks' slots
-    (:attr:`OperatorFit.remote_slots`)."""
+    (:attr:`OperatorFit.remote_slots`), one whose routing kernels run apart from its GEMMs
+    their elements per slot on the rank (:attr:`OperatorFit.slot_kernels`)."""
     nbytes, rows = samples.nbytes[idx], samples.rows[idx]
+    if fitted.slot_kernels and samples.tiles is not None:  # MoE units: the rank's slots
+        rows = rows + fitted.slot_rows(samples.units[idx], samples.tiles[2][idx],
+                                       samples.tiles[3][idx])
     if fitted.remote_slots and samples.remote is not None and samples.tiles is not None:
         return nbytes, rows + fitted.remote_rows(samples.remote[idx], samples.tiles[2][idx],
                                                  samples.tiles[3][idx])

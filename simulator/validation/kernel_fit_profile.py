@@ -43,8 +43,9 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             for one in ("kv_reread_share", "l2_speedup", "sustained_rate"):  # 1: term off
                 if dumped[one] == 1.0:
                     del dumped[one]
-            if not dumped["remote_slots"]:
-                del dumped["remote_slots"]
+            for flag in ("remote_slots", "slot_kernels"):
+                if not dumped[flag]:
+                    del dumped[flag]
             if not dumped["key_tiles"]:
                 del dumped["key_tiles"]
             if not dumped["group_limit"]:  # one decode kernel: its group constants unused
