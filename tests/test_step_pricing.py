@@ -233,6 +233,9 @@ class Reference(InstanceCostModel):
             fit = self._fits.get("attention_decode")
             if fit is not None and fit.head_tile:
                 per_ctx = per_ctx * fit.head_blocks(heads if rows is None else rows)[1]
+            if fit is not None and fit.head_block:  # each further head block re-reads
+                kv_elems = kv_elems * (1.0 + (math.ceil(heads / fit.head_block) - 1.0)
+                                       * fit.head_block_reread)
         else:
             per_ctx = 4 * heads * m.head_dim
         return per_ctx * ctx, ctx * kv_elems * self._kvb + seqs * io_width * self._hb

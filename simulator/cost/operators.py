@@ -163,10 +163,13 @@ class OperatorPricing:
 
     def _decode_row_heads(self, fit: OperatorFit) -> float:
         """Rows of per-row decode-attention work per sequence, as the fit counts them (MLA:
-        one latent head)."""
+        one latent head, and a split-KV kernel's head blocks, ``OperatorFit.head_block``)."""
+        heads = self.model.num_attention_heads / self.parallelism.tp
+        mla = self.model.attention == "mla"
+        blocks = float(fit.block_rows(heads)) if mla else 0.0
         if fit.row_unit == "kv_head":
-            return 1.0 if self.model.attention == "mla" else float(self.kv_heads_per_device)
-        return self.model.num_attention_heads / self.parallelism.tp
+            return (1.0 if mla else float(self.kv_heads_per_device)) + blocks
+        return heads + blocks
 
     def _decode_units(self, seqs: Any, ctx: Any, longest: float = 0.0) -> tuple[Any, Any]:
         """Parallel units and tile/wave FLOPs multiplier of decode attention: a tiled fit's

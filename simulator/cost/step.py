@@ -163,6 +163,9 @@ class InstanceCostModel(OperatorPricing):
             # The heads as padded query-row tiles, a block per tile (OperatorFit.head_tile).
             self._decode_kvh, pad = decode.head_blocks(self._q_heads)
             self._decode_step_per_ctx = self._decode_per_ctx * pad
+        if decode is not None and decode.head_block and m.attention == "mla":
+            # Each further head block re-reads the latent (OperatorFit.block_kv_scale).
+            self._decode_kv_elems = self._kv_elems * decode.block_kv_scale(self._q_heads)
         if decode is not None and decode.group_limit and m.attention != "mla":
             # (the grouped kernel's per-row work by head dimension: group_row_head_dim_exp)
             heads, kv, rows = decode.decode_group(self._q_heads / self._kvh, m.head_dim)

@@ -581,6 +581,35 @@ class OperatorFit(Frozen):
         "L40S FP8-KV tables (aiconfigurator-core 0.12.0) 1 to 16 sequences of 131,072 tokens "
         "over 8 KV heads of dimension 128 take 2.11 ms alike (8 to 128 blocks on 142 SMs), "
         "32 take 3.02 ms."))
+    head_block: int = Field(0, ge=0, description=(
+        "MLA decode attention (0: off): a split-KV kernel that runs a sequence's query heads "
+        "in thread blocks of `head_block` heads over the one latent head, with a grid of "
+        "(sequences, ceil(heads / head_block), the engine's largest split count) blocks of "
+        "which only the splits its heuristic chooses do work and the others return at once. "
+        "Each (sequence, head block) pair adds `head_block_rows` rows of per-row work "
+        "(:meth:`block_rows`) to the per-query-head rows: its share of the launched grid, its "
+        "query load and its partial outputs. SGLang 0.5.14 runs MLA decode on Ada (SM89) on its "
+        "Triton backend (sgl-project/sglang python/sglang/srt/server_args.py "
+        "`_get_default_attn_backend`, the MLA branch falling through to `triton`; "
+        "ai-dynamo/aiconfigurator collector/sglang/collect_mla.py "
+        "`_select_default_mla_backend`), whose grouped decode kernel takes 16 query heads "
+        "per block (python/sglang/srt/layers/attention/triton_ops/decode_attention.py, "
+        "`_decode_grouped_att_m_fwd`: `BLOCK_H = 16`, grid (batch, ceil(heads / 16), "
+        "MAX_KV_SPLITS)); the MLA split cap is the next power of two of the SMs, 256 on 142 "
+        "SMs (triton_backend.py `_mla_decode_kv_splits_cap`). In the engine's L40S table "
+        "(aiconfigurator-core 0.12.0 systems/data/l40s/mla/sglang/0.5.14/"
+        "generation_mla_perf.parquet) 256 sequences of 2 tokens take 152-194 us with 2 to 16 "
+        "heads and 375 us with 32: the time steps with the head blocks, not with the heads."))
+    head_block_rows: float = Field(0.0, ge=0, description=(
+        "MLA decode attention with `head_block`: the per-row work of one (sequence, head "
+        "block) pair, in rows of `per_row_ps` (0 with `head_block` off)."))
+    head_block_reread: float = Field(0.0, ge=0, le=1, description=(
+        "MLA decode attention with `head_block`: the share of each further head block's read "
+        "of the latent that reaches memory (the rest hits L2): latent bytes x (1 + "
+        "(ceil(heads / head_block) - 1) x head_block_reread) (:meth:`block_kv_scale`). Each "
+        "block reads its split of the sequence's latent for its own heads, so 128 heads read "
+        "it 8 times: in the L40S table 32 sequences of 131,072 tokens take 6.57 / 7.93 / "
+        "12.0 / 22.6 ms over 16 / 32 / 64 / 128 heads."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     @model_validator(mode="after")
@@ -596,6 +625,22 @@ class OperatorFit(Frozen):
                 raise ValueError(f"{name} {getattr(self, name)} prices the grouped decode kernel "
                                  "and needs group_limit > 0 (the most query heads per KV head "
                                  "that kernel takes)")
+        return self
+
+    @model_validator(mode="after")
+    def _head_blocks_of_a_split_kernel(self) -> OperatorFit:
+        if self.head_block_rows and not self.head_block:
+            raise ValueError(f"head_block_rows {self.head_block_rows} prices the head blocks of "
+                             "an MLA decode kernel and needs head_block > 0 (the query heads "
+                             "one thread block takes)")
+        if self.head_block_reread and not self.head_block:
+            raise ValueError(f"head_block_reread {self.head_block_reread} prices the head "
+                             "blocks of an MLA decode kernel and needs head_block > 0 (the "
+                             "query heads one thread block takes)")
+        if self.head_block and self.head_tile:
+            raise ValueError(f"head_block {self.head_block} (a split-KV kernel's head blocks) "
+                             f"and head_tile {self.head_tile} (a kernel that does not split "
+                             "the context) describe two kernels; give one")
         return self
 
     @model_validator(mode="after")
@@ -618,6 +663,26 @@ class OperatorFit(Frozen):
             return tiles, tiles * self.head_tile / np.maximum(heads, 1e-9)
         tiles_f = float(math.ceil(heads / self.head_tile))
         return tiles_f, tiles_f * self.head_tile / max(float(heads), 1e-9)
+
+    def block_rows(self, heads: Any) -> Any:
+        """Rows of per-row work per sequence that ``heads`` query heads on one device add in
+        head blocks (:attr:`head_block`): ``head_block_rows * ceil(heads / head_block)``,
+        0 without the term."""
+        if not (self.head_block and self.head_block_rows):
+            return 0.0
+        if isinstance(heads, np.ndarray):
+            return self.head_block_rows * np.ceil(heads / self.head_block)
+        return self.head_block_rows * float(math.ceil(heads / self.head_block))
+
+    def block_kv_scale(self, heads: Any) -> Any:
+        """Multiplier of the latent bytes of ``heads`` query heads on one device read in head
+        blocks (:attr:`head_block`): ``1 + (ceil(heads / head_block) - 1) *
+        head_block_reread``, 1 without the term."""
+        if not (self.head_block and self.head_block_reread):
+            return 1.0
+        if isinstance(heads, np.ndarray):
+            return 1.0 + (np.ceil(heads / self.head_block) - 1.0) * self.head_block_reread
+        return 1.0 + (float(math.ceil(heads / self.head_block)) - 1.0) * self.head_block_reread
 
     def grouped(self, group: Any) -> Any:
         """Whether decode attention of ``group`` query heads per KV head runs the grouped
@@ -870,8 +935,9 @@ class OperatorFits(Frozen):
         """``exposed`` belongs to GEMM, MoE and prefill-attention fits, ``per_group_ns`` to
         MoE fits, ``key_tiles`` to prefill-attention fits, the slower rate of a long
         kernel (``sustained_rate``) to GEMM fits and the grouped decode kernel's width and
-        RoPE terms (``group_row_head_dim_exp``, ``rope_kernel_us``) to decode-attention fits:
-        the fits are made there only."""
+        RoPE terms (``group_row_head_dim_exp``, ``rope_kernel_us``) to decode-attention fits,
+        the head blocks of a split-KV MLA kernel (``head_block``) to MLA decode fits: the fits
+        are made there only."""
         for family, fit in self.fits.items():
             if fit.exposed and not family.startswith(EXPOSED_FAMILIES):
                 raise ValueError(f"fits.{family}.exposed: only GEMM, MoE and prefill-attention "
@@ -890,6 +956,9 @@ class OperatorFits(Frozen):
                 if getattr(fit, name) and not family.startswith("attention_decode"):
                     raise ValueError(f"fits.{family}.{name}: only decode-attention families "
                                      f"(attention_decode*) take it; got {getattr(fit, name)}")
+            if fit.head_block and not family.startswith("attention_decode_mla"):
+                raise ValueError(f"fits.{family}.head_block: only MLA decode families "
+                                 f"(attention_decode_mla*) take it; got {fit.head_block}")
             if fit.key_tiles and not takes_key_tiles(family):
                 raise ValueError(f"fits.{family}.key_tiles: only prefill-attention families "
                                  f"(attention_prefill*, not MLA) take it; got "

@@ -145,6 +145,14 @@ GB200, whose default decode runs TensorRT-LLM's kernels (``trtllm_mha``,
 :data:`simulator.runner.kernel_tables.DEFAULT_ATTENTION_KERNELS`), a block per sequence and
 KV head whose own work grows with the head dimension (SGLang 0.5.14 B200, BF16 KV, contexts
 of 2–64 tokens: head dimension 64 priced +18 % too slow and 256 −19 % too fast by one width)."""
+HEAD_BLOCK_TABLES: dict[str, dict[str, tuple[int, ...]]] = {"sglang": {"l40s": (16,)}}
+"""Tables (per engine) whose MLA decode runs a split-KV kernel with a sequence's query heads in
+blocks of a fixed count, and the counts its MLA decode families may choose
+(``OperatorFit.head_block``), on their training shapes only: SGLang 0.5.14 on L40S, whose
+default MLA backend on SM89 is Triton (the tables' ``kernel_source`` ``triton``), its grouped
+decode kernel taking 16 query heads per block (sgl-project/sglang
+python/sglang/srt/layers/attention/triton_ops/decode_attention.py,
+``_decode_grouped_att_m_fwd``, ``BLOCK_H = 16``)."""
 HEAD_TILE_CHOICES = (64,)
 """Query rows per block of :data:`FMHA_MLA_DECODE_TABLES`: 64, as the tables show. One
 sequence takes the same time with 1 to 128 heads, and 128 heads take up to twice the time
@@ -335,8 +343,15 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
             rope: bool = False, block_sms: float = 0.0, qcopy: bool = False,
-            slots: bool = False) -> OperatorFit:
+            slots: bool = False, head_block: int = 0) -> OperatorFit:
     # ``slots`` (MoE) is a choice, not a fitted element (OperatorFit.slot_kernels).
+    # With ``head_block`` (MLA decode in a split-KV kernel's head blocks) the very last two
+    # elements are log(head_block_rows) and the logit of head_block_reread, stripped before
+    # all others (OperatorFit.head_block).
+    block_rows = min(_exp(x[-2]), 1e6) if head_block else 0.0
+    block_reread = _sig(x[-1]) if head_block else 0.0
+    if head_block:
+        x = x[:-2]
     # With ``qcopy`` (decode attention with a group limit) the very last element is
     # log(q_copy_us), stripped before all others (OperatorFit.q_copy_us).
     q_copy = min(_exp(x[-1]), 100.0) if qcopy and group_limit else 0.0
@@ -423,7 +438,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        resident_blocks=block_sms or resident,
                        exposed=share, per_group_ns=group_ns, sustained_us=after_us,
                        sustained_rate=rate, key_tiles=key_tiles,  # type: ignore[arg-type]
-                       block_gbs=block_gbs)
+                       block_gbs=block_gbs, head_block=head_block, head_block_rows=block_rows,
+                       head_block_reread=block_reread)
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -461,7 +477,10 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        sustained_rate=round(f.sustained_rate, 4) if f.sustained_us else 1.0,
                        key_tiles=f.key_tiles, block_gbs=sig4(f.block_gbs),
                        q_copy_us=(round(f.q_copy_us, 3)
-                                  if f.group_limit and f.q_copy_us > 1e-3 else 0.0))
+                                  if f.group_limit and f.q_copy_us > 1e-3 else 0.0),
+                       head_block=f.head_block,
+                       head_block_rows=sig4(f.head_block_rows) if f.head_block else 0.0,
+                       head_block_reread=round(f.head_block_reread, 4) if f.head_block else 0.0)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
@@ -472,7 +491,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
         width: bool = False, rope: bool = False, block: bool = False,
-        qcopy: bool = False, slots: bool = False) -> OperatorFit:
+        qcopy: bool = False, slots: bool = False, head_block: int = 0) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -504,7 +523,11 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     (``OperatorFit.block_gbs``); decode attention with a group limit with ``qcopy``, the
     query copy of FlashAttention-2's varlen decode path (``OperatorFit.q_copy_us``); a MoE
     family with ``slots``, the elements the routing kernels outside the grouped GEMMs move
-    per routed slot as per-row work (``OperatorFit.slot_kernels``)."""
+    per routed slot as per-row work (``OperatorFit.slot_kernels``); MLA decode attention
+    with ``head_block``, the per-row work of each (sequence, block of ``head_block`` query
+    heads) of a split-KV kernel and the share of each further block's latent read that
+    reaches memory (``OperatorFit.head_block_rows``, ``head_block_reread``)."""
+    head_block = head_block if samples.decode and samples.heads is not None else 0
     qcopy = qcopy and bool(group_limit) and samples.decode and samples.tiles is not None
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
     idx = np.flatnonzero(~samples.held_out)
@@ -535,7 +558,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
-                        sustained, width, rope, block_sms, qcopy, slots)
+                        sustained, width, rope, block_sms, qcopy, slots, head_block)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -566,7 +589,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([math.log(1000.0), 1.0] if sustained else []),
                        *([0.5] if width else []), *([math.log(2.0)] if rope else []),
                        *([math.log(16.0)] if block_sms else []),
-                       *([math.log(2.0)] if qcopy else [])])
+                       *([math.log(2.0)] if qcopy else []),
+                       *([math.log(16.0), -1.0] if head_block else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -585,7 +609,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
-                            rope, block_sms, qcopy, slots))
+                            rope, block_sms, qcopy, slots, head_block))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -602,7 +626,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                head_tiles: tuple[int, ...] = (), exposed: bool = True, key_tiles: str = "",
                whole_context: bool = False, row_width: bool = False,
                rope_kernel: bool = True, q_copy: bool = False,
-               slot_kernels: bool = False) -> tuple[Samples, OperatorFit]:
+               slot_kernels: bool = False,
+               head_blocks: tuple[int, ...] = ()) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -631,7 +656,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     decode fit is refitted on its chosen terms with FlashAttention-2's query copy
     (:data:`Q_COPY_ENGINES`); with ``slot_kernels``, a MoE family with and without the
     routing kernels' work per routed slot (``OperatorFit.slot_kernels``,
-    :data:`SLOT_KERNEL_ENGINES`), every tile choice.
+    :data:`SLOT_KERNEL_ENGINES`), every tile choice; ``head_blocks``, the query heads per
+    block an MLA decode kernel with split-KV may take (:data:`HEAD_BLOCK_TABLES`,
+    ``OperatorFit.head_block``), each refitted on the chosen tiles with and without the
+    warm L2.
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -800,6 +828,13 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             l2=kept.l2_speedup != 1.0, decode_hd=bool(kept.head_dim_exp),
             width=bool(kept.group_row_head_dim_exp), rope=bool(kept.rope_kernel_us),
             qcopy=True))
+    if head_blocks and family.decode and family.heads is not None and not best[2].head_tile:
+        # A split-KV kernel's (sequence, head block) pairs (OperatorFit.head_block), on the
+        # chosen tiles, with and without the warm L2 (the blocks' rows move the memory share).
+        kept = best[2]
+        for rows, l2 in itertools.product(head_blocks, l2s):
+            consider(best[1], kept.row_unit, fit(best[1], device, kept.tile_m, kept.tile_n,
+                                                 kept.split_k, l2=l2, head_block=rows))
     return best[1], best[2]
 
 
@@ -954,7 +989,9 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                           in ROW_WIDTH_TABLES.get(engine, ())),
                                rope_kernel=engine in ROW_WIDTH_ENGINES,
                                q_copy=engine in Q_COPY_ENGINES,
-                               slot_kernels=engine in SLOT_KERNEL_ENGINES)
+                               slot_kernels=engine in SLOT_KERNEL_ENGINES,
+                               head_blocks=HEAD_BLOCK_TABLES.get(engine, {}).get(
+                                   device.kernel_tables or "", ()))
         each = {family.routing: (s, fitted)}
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote,

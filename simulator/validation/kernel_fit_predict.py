@@ -103,8 +103,16 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
     (:meth:`OperatorFit.decode_group`; ``samples`` then count rows per KV head); a MoE
     kernel that writes every routed slot adds the other ranks' slots
     (:attr:`OperatorFit.remote_slots`), one whose routing kernels run apart from its GEMMs
-    their elements per slot on the rank (:attr:`OperatorFit.slot_kernels`)."""
+    their elements per slot on the rank (:attr:`OperatorFit.slot_kernels`); MLA decode
+    attention in a split-KV kernel's head blocks adds each (sequence, head block)'s rows
+    (:meth:`OperatorFit.block_rows`; decode tiles: sequences first) and its latent re-read
+    per further head block (:meth:`OperatorFit.block_kv_scale`)."""
     nbytes, rows = samples.nbytes[idx], samples.rows[idx]
+    if fitted.head_block and samples.heads is not None and samples.tiles is not None:
+        heads = samples.heads[idx]
+        if samples.kv_bytes is not None:  # each further head block re-reads the latent
+            nbytes = nbytes + samples.kv_bytes[idx] * (fitted.block_kv_scale(heads) - 1.0)
+        return nbytes, rows + samples.tiles[0][idx] * fitted.block_rows(heads)
     if fitted.slot_kernels and samples.tiles is not None:  # MoE units: the rank's slots
         rows = rows + fitted.slot_rows(samples.units[idx], samples.tiles[2][idx],
                                        samples.tiles[3][idx])
