@@ -59,3 +59,26 @@ def test_the_tables_predictor_reads_the_default_kernels(tmp_path: Path) -> None:
     tables = read_tables(tmp_path, "h100_sxm", "sglang")
     assert tables.generation_attention_s((32, 8, 128, "bf16"), 8, 1024) == pytest.approx(0.2e-3)
     assert tables.context_attention_s((32, 8, 128, "bf16"), 8, 1024) == pytest.approx(0.2e-3)
+
+
+def test_prefill_rows_on_the_decode_kernel_can_be_left_out(tmp_path: Path) -> None:
+    """vLLM's FlashInfer backend runs a 1-token prompt down its decode path, and its B200 and
+    L40S prefill tables time those rows on the decode kernel (kernel_fit_samples.
+    DECODE_PATH_KERNELS): a prefill family may be fitted without them."""
+    folder = tmp_path / "b200_sxm" / "attention" / "vllm" / "0.24.0"
+    folder.mkdir(parents=True)
+    prefill = [dict(row, framework="vLLM", kernel_source="vllm_flashinfer_trtllmprefill")
+               for row in _rows("x", 0.2, 8)]
+    one_token = dict(prefill[0], isl=1, kernel_source="vllm_flashinfer_trtllmdecode",
+                     latency=0.01)
+    decode = [dict(row, kernel_source="vllm_flashinfer_trtllmdecode") for row in prefill]
+    pd.DataFrame([*prefill, one_token]).to_parquet(folder / "context_attention_perf.parquet")
+    pd.DataFrame(decode).to_parquet(folder / "generation_attention_perf.parquet")
+
+    def family(op: str, decode_path: bool) -> int:
+        return len(next(s for s in attention_samples(folder, decode_path=decode_path)
+                        if s.op == op).seconds)
+    assert family("attention_prefill", True) == 6  # as the tables hold them
+    assert family("attention_prefill", False) == 5  # the prefill kernel's rows only
+    # Decode families keep every row of the decode kernel.
+    assert family("attention_decode", False) == family("attention_decode", True) == 5

@@ -934,6 +934,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     assert device.kernel_tables is not None
     base = root / device.kernel_tables
     samples: list[Samples] = []
+    prefill_only: dict[str, Samples] = {}
     used = []
     for op, needs, reader in (("gemm", "gemm_perf.parquet", gemm_samples),
                               ("attention", "context_attention_perf.parquet", attention_samples)):
@@ -942,6 +943,10 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
             continue
         used.append(f"{op}/{engine}/{folder.name}")
         samples += reader(folder)
+        if op == "attention":  # the prefill families without their decode-path rows
+            full = {s.op: len(s.seconds) for s in samples}
+            prefill_only = {s.op: s for s in attention_samples(folder, decode_path=False)
+                            if s.prefill and len(s.seconds) < full.get(s.op, 0)}
     folder = _pick_version(base / "mla" / engine, version, "generation_mla_perf.parquet")
     if folder is not None:
         used.append(f"mla/{engine}/{folder.name}")
@@ -992,6 +997,16 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                slot_kernels=engine in SLOT_KERNEL_ENGINES,
                                head_blocks=HEAD_BLOCK_TABLES.get(engine, {}).get(
                                    device.kernel_tables or "", ()))
+        if family.op in prefill_only:
+            # Without the rows the engine runs on its decode kernel (kernel_fit_samples.
+            # DECODE_PATH_KERNELS): kept where it prices the prefill kernel's own training
+            # rows better.
+            other = prefill_only[family.op]
+            s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels,
+                                engine in CAUSAL_ENGINES, remote, head_tiles,
+                                key_tiles=key_tile_choice(engine, device, family.op))
+            if training_ape(other, device, f0) < training_ape(other, device, fitted):
+                s, fitted = s0, f0
         each = {family.routing: (s, fitted)}
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote,

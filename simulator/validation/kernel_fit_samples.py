@@ -151,9 +151,26 @@ def gemm_samples(folder: Path) -> list[Samples]:
     return out
 
 
-def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
+DECODE_PATH_KERNELS: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm_flashinfer_fidecode", "vllm_flashinfer_trtllmdecode")}
+"""Per engine, the decode kernels (the tables' ``kernel_source``) its prefill tables time their
+1-token prompts on, which a prefill family may leave out (``attention_samples``'s
+``decode_path``; :func:`simulator.validation.kernel_fit.fit_device` fits both and keeps the one
+that prices the prefill kernel's own training rows better): vLLM's FlashInfer backend runs every
+request of at most ``reorder_batch_threshold`` (1) query tokens down its decode path
+(vllm-project/vllm ``vllm/v1/attention/backends/flashinfer.py``,
+``FlashInferMetadataBuilder.reorder_batch_threshold = 1``, ``split_decodes_and_prefills``), so
+the ``context_attention_perf`` rows of ``isl`` 1 on L40S (FP8 KV, ``vllm_flashinfer_fidecode``)
+and B200 / GB200 (``vllm_flashinfer_trtllmdecode``) time the decode kernel, not the prefill
+kernel the fit prices (the B200 FP8-KV prefill fit priced them +21 to +24 % too slow at 1 to 8
+sequences)."""
+
+
+def attention_samples(folder: Path, split_kv: bool = True,
+                      decode_path: bool = True) -> list[Samples]:
     """Prefill and decode attention; with ``split_kv`` the shapes over an FP8 KV cache are a
-    family of their own (``attention_*_kv_fp8``)."""
+    family of their own (``attention_*_kv_fp8``). Without ``decode_path`` the prefill rows the
+    engine runs on its decode kernel (:data:`DECODE_PATH_KERNELS`) are left out."""
     out = []
     for name, op in (("context_attention_perf.parquet", "attention_prefill"),
                      ("generation_attention_perf.parquet", "attention_decode")):
@@ -162,6 +179,8 @@ def attention_samples(folder: Path, split_kv: bool = True) -> list[Samples]:
         # .../systems/data/<system>/attention/<engine>/<version>: the engine's default kernels
         a = default_attention(plain_attention(pd.read_parquet(folder / name)),
                               folder.parent.name, folder.parents[2].name)
+        if op == "attention_prefill" and not decode_path and "kernel_source" in a:
+            a = a[~a["kernel_source"].isin(DECODE_PATH_KERNELS.get(folder.parent.name, ()))]
         a = a[a["kv_cache_dtype"].isin(_KV)]
         shape = ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim",
                  "kv_cache_dtype"]
