@@ -407,7 +407,7 @@ fits = st.builds(
     tile_n=st.sampled_from([0, 64, 128, 256]), split_k=st.booleans(),
     tile_k0=st.sampled_from([0, 128, 256, 2048]),
     tile_dispatch=st.sampled_from(["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8",
-                                   "flashinfer_cutlass_sm100_nvfp4"]),
+                                   "flashinfer_cutlass_sm100_nvfp4", "cublas_fastest"]),
     moe_kernel=st.sampled_from(["", "flashinfer_cutlass_sm90"]))
 sizes = st.one_of(st.integers(1, 10**7), st.floats(1e-3, 1e7))
 

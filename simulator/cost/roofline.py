@@ -202,6 +202,30 @@ at every ``m``. A fit names one in ``OperatorFit.tile_dispatch`` instead of one
 ``tile_m x tile_n``."""
 
 
+TILE_CANDIDATES: dict[str, tuple[tuple[int, int], ...]] = {
+    "cublas_fastest": ((64, 64), (128, 128), (128, 256)),
+}
+"""Tile shapes ``(tile_m, tile_n)`` a library chooses among per GEMM shape, for a fit whose
+``OperatorFit.tile_dispatch`` names one: the FLOPs multiplier is the least, over the
+candidates, of :func:`wave_factor` times the tile's operand-load factor
+``max(1, tile_load_rows * (1 / tile_m + 1 / tile_n))`` (:func:`candidate_factor`).
+``cublas_fastest``: cuBLAS, which ``torch.nn.functional.linear`` calls for the BF16 GEMMs of
+vLLM, SGLang and TensorRT-LLM's torch flow, picks one of its kernels per ``(m, n, k)`` by a
+heuristic that ranks them by expected time; the kernels differ by their thread-block tile
+(the CTA tile is part of each kernel's name, e.g. ``..._128x256_...``, ``..._64x64_...``).
+Each candidate's tile along ``m`` still follows the next power of two of small batches
+(:func:`tile_m_for`). A small tile fills the SMs of a small GEMM, a large one loads fewer
+operand bytes per FLOP: a ``tm x tn`` tile reads ``(tm + tn) * k`` elements for
+``2 * tm * tn * k`` FLOPs, so below ``tm * tn / (tm + tn) = tile_load_rows`` its loads bound
+it (``OperatorFit.tile_load_rows``, fitted). The least of functions that never decrease in
+``m`` never decreases either."""
+
+
+def candidate_factor(tile_m: float, tile_n: float, load_rows: float) -> float:
+    """The operand-load factor of a ``tile_m x tile_n`` tile (:data:`TILE_CANDIDATES`)."""
+    return max(1.0, load_rows * (1.0 / tile_m + 1.0 / tile_n))
+
+
 def dispatch_tiles(m: Any, dispatch: str) -> tuple[Any, Any]:
     """``(tile_m, tile_n)`` the dispatch ``dispatch`` (:data:`TILE_DISPATCH`) picks for ``m``
     rows. The tile never shrinks as ``m`` grows."""
@@ -309,10 +333,20 @@ def quantisation(fit: OperatorFit, shape: tuple[Any, ...] | None, sms: int | Non
 
 
 def _gemm_quantisation(fit: OperatorFit, groups: Any, m: Any, n: Any, k: Any, sms: int) -> Any:
-    """:func:`wave_factor` of ``groups`` GEMMs of ``m x n`` over ``k`` under ``fit``'s tiles."""
+    """:func:`wave_factor` of ``groups`` GEMMs of ``m x n`` over ``k`` under ``fit``'s tiles
+    (with a candidate set, :data:`TILE_CANDIDATES`, the least over its tiles)."""
+    overhead = fit.tile_k0 / _max(k, 1.0) if fit.tile_k0 else 0.0
+    candidates = TILE_CANDIDATES.get(fit.tile_dispatch)
+    if candidates is not None:
+        best: Any = None
+        for tm, tn in candidates:
+            whole, exact, max_split = gemm_tiles(groups, m, n, k, tm, tn, fit.split_k)
+            q = (wave_factor(whole, exact, sms, max_split, overhead)
+                 * candidate_factor(tm, tn, fit.tile_load_rows))
+            best = q if best is None else _min(best, q)
+        return best
     whole, exact, max_split = gemm_tiles(groups, m, n, k, fit.tile_m, fit.tile_n, fit.split_k,
                                          fit.tile_dispatch, bool(fit.moe_kernel))
-    overhead = fit.tile_k0 / _max(k, 1.0) if fit.tile_k0 else 0.0
     return wave_factor(whole, exact, sms, max_split, overhead)
 
 
@@ -377,12 +411,26 @@ def scalar_quantisation(fit: OperatorFit, shape: tuple[float, ...], sms: int | N
 def _scalar_gemm_quantisation(fit: OperatorFit, groups: float, m: float, n: float, k: float,
                               sms: int) -> float:
     """:func:`_gemm_quantisation` on plain floats, the same operations in the same order."""
-    tile_m, tile_n = fit.tile_m, fit.tile_n
+    candidates = TILE_CANDIDATES.get(fit.tile_dispatch)
+    if candidates is not None:
+        best = math.inf
+        for tm, tn in candidates:
+            best = min(best, _scalar_tiles(tm, tn, "", False, fit, groups, m, n, k, sms)
+                       * candidate_factor(tm, tn, fit.tile_load_rows))
+        return best
+    return _scalar_tiles(fit.tile_m, fit.tile_n, fit.tile_dispatch, bool(fit.moe_kernel), fit,
+                         groups, m, n, k, sms)
+
+
+def _scalar_tiles(tile_m: int, tile_n: int, dispatch: str, full_m: bool, fit: OperatorFit,
+                  groups: float, m: float, n: float, k: float, sms: int) -> float:
+    """:func:`gemm_tiles` and :func:`wave_factor` of ``tile_m x tile_n`` tiles (or the
+    ``dispatch`` table's) with ``fit``'s split-K and fixed work, on plain floats."""
     tm: float = tile_m
     tn: float = tile_n
-    if tile_n and fit.tile_dispatch:  # gemm_tiles with a dispatch table
-        tm, tn = dispatch_tiles(m, fit.tile_dispatch)
-    elif tile_n and not fit.moe_kernel:  # tile_m_for
+    if tile_n and dispatch:  # gemm_tiles with a dispatch table
+        tm, tn = dispatch_tiles(m, dispatch)
+    elif tile_n and not full_m:  # tile_m_for
         pow2 = 2.0 ** math.ceil(math.log2(float(max(m, 1.0))))
         tm = float(min(float(max(pow2, min(MIN_TILE_M, tile_m))), tile_m))
     m = float(max(m, 1e-9))

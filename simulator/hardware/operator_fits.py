@@ -320,12 +320,23 @@ class OperatorFit(Frozen):
         "GEMM and grouped MoE: fixed work of each tile (or k-slice) in units of k, its "
         "mainloop pipeline fill and epilogue: a tile of depth k costs as k + tile_k0."))
     tile_dispatch: Literal["", "cutlass_sm90_fp8", "sgl_kernel_sm90_fp8",
-                           "flashinfer_cutlass_sm100_nvfp4"] = Field("", description=(
-        "GEMM: the tile shape follows the kernel library's dispatch by batch size "
-        "(simulator.cost.roofline.TILE_DISPATCH: vLLM's and SGLang's CUTLASS FP8 scaled-MM "
-        "configs for Hopper; FlashInfer's CUTLASS NVFP4 GEMM for Blackwell, whose tiles are "
-        "128 rows tall at every batch size) instead of one `tile_m` x `tile_n` (which then "
-        "only switch tiling on)."))
+                           "flashinfer_cutlass_sm100_nvfp4", "cublas_fastest"] = Field(
+        "", description=(
+            "GEMM: the tile shape follows the kernel library's dispatch by batch size "
+            "(simulator.cost.roofline.TILE_DISPATCH: vLLM's and SGLang's CUTLASS FP8 scaled-MM "
+            "configs for Hopper; FlashInfer's CUTLASS NVFP4 GEMM for Blackwell, whose tiles "
+            "are 128 rows tall at every batch size) instead of one `tile_m` x `tile_n` (which "
+            "then only switch tiling on). `cublas_fastest`: cuBLAS's heuristic picks a kernel "
+            "per GEMM shape among several thread-block tiles; the FLOPs multiplier is the "
+            "least over the candidates of simulator.cost.roofline.TILE_CANDIDATES, each "
+            "with its operand-load factor (`tile_load_rows`)."))
+    tile_load_rows: float = Field(0.0, ge=0, description=(
+        "GEMM with a candidate tile set (`tile_dispatch` `cublas_fastest`; 0: off): a "
+        "tile of tile_m x tile_n reads (tile_m + tile_n) x k operand elements for "
+        "2 x tile_m x tile_n x k FLOPs, and below tile_m x tile_n / (tile_m + tile_n) = "
+        "this many rows its loads, not its tensor cores, bound it: its FLOPs count "
+        "max(1, tile_load_rows x (1 / tile_m + 1 / tile_n)) times "
+        "(simulator.cost.roofline.candidate_factor). Fitted."))
     moe_kernel: Literal["", "flashinfer_cutlass_sm90"] = Field("", description=(
         "Grouped MoE GEMM: how the expert GEMMs are tiled. '' (default): the gate+up GEMM "
         "(2 x intermediate columns over the hidden size) stands for both, with the tile along "
@@ -641,6 +652,13 @@ class OperatorFit(Frozen):
             raise ValueError(f"head_block {self.head_block} (a split-KV kernel's head blocks) "
                              f"and head_tile {self.head_tile} (a kernel that does not split "
                              "the context) describe two kernels; give one")
+        return self
+
+    @model_validator(mode="after")
+    def _load_rows_need_candidates(self) -> OperatorFit:
+        if self.tile_load_rows and self.tile_dispatch != "cublas_fastest":
+            raise ValueError(f"tile_load_rows {self.tile_load_rows} weighs the tiles of a "
+                             "candidate set: it needs tile_dispatch 'cublas_fastest'")
         return self
 
     @model_validator(mode="after")

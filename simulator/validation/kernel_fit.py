@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.cost.roofline import causal_quantisation
+from simulator.cost.roofline import TILE_CANDIDATES, causal_quantisation
 from simulator.hardware.operator_fits import (
     EXPOSED_FAMILIES,
     PACKED_KEY_TILES,
@@ -101,18 +101,28 @@ or without split-K; prefill attention tiles the query rows of each (sequence, he
 attention's tile is its split-KV partition in context tokens."""
 DISPATCH_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("vllm", "gemm_fp8"): ("cutlass_sm90_fp8",), ("sglang", "gemm_fp8"): ("sgl_kernel_sm90_fp8",),
-    ("sglang", "gemm_fp4"): ("flashinfer_cutlass_sm100_nvfp4",)}
+    ("sglang", "gemm_fp4"): ("flashinfer_cutlass_sm100_nvfp4",),
+    ("vllm", "gemm"): ("cublas_fastest",), ("sglang", "gemm"): ("cublas_fastest",),
+    ("trtllm", "gemm"): ("cublas_fastest",)}
 """Tile dispatch tables (:data:`simulator.cost.roofline.TILE_DISPATCH`) an engine's family may
 choose instead of one tile size, with or without split-K, on its training shapes only: the
 engine's own kernel dispatch, offered only on the tables of the architecture it was built for
 (:data:`DISPATCH_TABLES`)."""
 HOPPER_TABLES = ("h100_sxm", "h200_sxm")
 BLACKWELL_TABLES = ("b200_sxm", "gb200")
+ADA_TABLES = ("l40s",)
 DISPATCH_TABLES: dict[str, tuple[str, ...]] = {
     "cutlass_sm90_fp8": HOPPER_TABLES, "sgl_kernel_sm90_fp8": HOPPER_TABLES,
-    "flashinfer_cutlass_sm100_nvfp4": BLACKWELL_TABLES}
+    "flashinfer_cutlass_sm100_nvfp4": BLACKWELL_TABLES, "cublas_fastest": ADA_TABLES}
 """The kernel tables (AIConfigurator systems) each dispatch of :data:`DISPATCH_CHOICES` is
-offered on: SM90 kernels on Hopper, FlashInfer's SM100 NVFP4 GEMM on B200 and GB200."""
+offered on: SM90 kernels on Hopper, FlashInfer's SM100 NVFP4 GEMM on B200 and GB200, cuBLAS's
+choice among its tiles on the L40S (Ada), where the single-tile BF16 fits priced small
+GEMMs over many rows up to twice too slow (vLLM 0.24.0: weights of at most 128 x 128 at
+65-4,096 rows, +45 … +101 % median per row count; +20 … +30 % with the candidates)."""
+LOAD_ROW_CHOICES = (48.0, 56.0, 64.0)
+"""``OperatorFit.tile_load_rows`` a candidate tile set (:data:`simulator.cost.roofline.
+TILE_CANDIDATES`) may choose, on its training shapes only: a 128 x 128 tile is load-bound
+above 64, a 64 x 64 tile above 32."""
 FMHA_MLA_DECODE_TABLES: dict[str, tuple[str, ...]] = {"trtllm": ("a100_sxm", "l40s")}
 """Tables (per engine) whose MLA decode runs on a context FMHA kernel with the heads as
 query rows and no split of the context (``OperatorFit.head_tile``): TensorRT-LLM on SM80 and
@@ -343,7 +353,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
             rope: bool = False, block_sms: float = 0.0, qcopy: bool = False,
-            slots: bool = False, head_block: int = 0) -> OperatorFit:
+            slots: bool = False, head_block: int = 0, load_rows: float = 0.0) -> OperatorFit:
     # ``slots`` (MoE) is a choice, not a fitted element (OperatorFit.slot_kernels).
     # With ``head_block`` (MLA decode in a split-KV kernel's head blocks) the very last two
     # elements are log(head_block_rows) and the logit of head_block_reread, stripped before
@@ -433,6 +443,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        split_k=split_k, tile_k0=tile_k0 if tile_m else 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
+                       tile_load_rows=load_rows if tile_n and dispatch in TILE_CANDIDATES else 0.0,
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
                        remote_slots=remote, slot_kernels=slots, head_tile=head_tile,
                        resident_blocks=block_sms or resident,
@@ -455,6 +466,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        causal_tail=round(f.causal_tail, 3), softmax_dim=round(f.softmax_dim, 1),
                        kv_reread_share=round(f.kv_reread_share, 4),
                        tile_dispatch=f.tile_dispatch, moe_kernel=f.moe_kernel,
+                       tile_load_rows=f.tile_load_rows,
                        group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
                        group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
@@ -491,7 +503,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         head_tile: int = 0, exposed: bool = False, per_group: bool = False,
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
         width: bool = False, rope: bool = False, block: bool = False,
-        qcopy: bool = False, slots: bool = False, head_block: int = 0) -> OperatorFit:
+        qcopy: bool = False, slots: bool = False, head_block: int = 0,
+        load_rows: float = 0.0) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -545,7 +558,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         block and samples.decode and tile_m == WHOLE_CONTEXT and not head_tile) else 0.0
     start = _to_fit(np.zeros(12), 0, tile_m, tile_n, split_k, True, tile_k0, pack_gqa,
                     dispatch, group_limit, moe_kernel, causal, softmax, has_hd, has_reread,
-                    remote=remote, head_tile=head_tile, key_tiles=key_tiles, slots=slots)
+                    remote=remote, head_tile=head_tile, key_tiles=key_tiles, slots=slots,
+                    load_rows=load_rows)
     f = flops(samples, start, idx)
     warm = warm_share(samples, device, idx) if l2 else 0.0
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
@@ -558,7 +572,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
-                        sustained, width, rope, block_sms, qcopy, slots, head_block)
+                        sustained, width, rope, block_sms, qcopy, slots, head_block, load_rows)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -609,7 +623,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
-                            rope, block_sms, qcopy, slots, head_block))
+                            rope, block_sms, qcopy, slots, head_block, load_rows))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -745,9 +759,11 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     candidates = [best[2]]
     if device.sm_count and family.tiles is not None:
         for dispatch in dispatches:
-            table = [fit(family, device, 128, 128, split_k, 0, dispatch=dispatch, l2=l2)
+            table = [fit(family, device, 128, 128, split_k, 0, dispatch=dispatch, l2=l2,
+                         load_rows=rows)
                      for split_k in (False, True)  # tile_m/n only switch tiling on
-                     for l2 in (False, True)[:1 + warm]]
+                     for l2 in (False, True)[:1 + warm]
+                     for rows in (LOAD_ROW_CHOICES if dispatch in TILE_CANDIDATES else (0.0,))]
             candidates.append(min(table, key=lambda f: training_ape(family, device, f)))
         for kernel in moe_kernels:
             table = [fit(family, device, tile_m, tile_n, moe_kernel=kernel, l2=l2)
@@ -764,7 +780,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                     samples, device, chosen.tile_m, chosen.tile_n, chosen.split_k, k0,
                     chosen.pack_gqa, chosen.tile_dispatch, moe_kernel=chosen.moe_kernel,
                     l2=chosen.l2_speedup != 1.0, remote=chosen.remote_slots,
-                    slots=chosen.slot_kernels))
+                    slots=chosen.slot_kernels, load_rows=chosen.tile_load_rows))
     if exposed and family.op.startswith(EXPOSED_FAMILIES) and family.tiles is not None:
         kept = best[2]  # the chosen tiles and fixed work, with the new terms fitted
         # (exposed, per_group): GEMMs and prefill attention (with its causal terms and key
@@ -778,7 +794,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 causal=bool(kept.causal_tail), softmax=bool(kept.softmax_dim),
                 l2=kept.l2_speedup != 1.0, remote=kept.remote_slots,
                 slots=kept.slot_kernels, exposed=share,
-                per_group=groups, key_tiles=kept.key_tiles))
+                per_group=groups, key_tiles=kept.key_tiles, load_rows=kept.tile_load_rows))
     if family.op.startswith("gemm") and family.tiles is not None:
         # The chosen terms with the lower rate of a long kernel (OperatorFit.sustained_us).
         kept = best[2]
@@ -786,7 +802,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
         consider(samples, kept.row_unit, fit(
             samples, device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
             kept.pack_gqa, kept.tile_dispatch, l2=kept.l2_speedup != 1.0,
-            exposed=bool(kept.exposed), sustained=True))
+            exposed=bool(kept.exposed), sustained=True, load_rows=kept.tile_load_rows))
     if family.decode and family.head_dim is not None and len(np.unique(family.head_dim)) > 1:
         # The chosen kernel terms with the work's exponent in the head dimension fitted.
         kept = best[2]
