@@ -302,7 +302,8 @@ class OperatorPricing:
     # ----- operators -----------------------------------------------------------------
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
             label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
-            quant: float = 1.0, groups: float = 0.0, fit_label: str | None = None) -> None:
+            quant: float = 1.0, groups: float = 0.0, fit_label: str | None = None,
+            depth: float = 0.0) -> None:
         """The roofline of one operator, added ``times`` times to ``acc``.
 
         ``key`` describes the operator's shape for predictors that look it up in measured
@@ -310,14 +311,15 @@ class OperatorPricing:
         ``units``, ``rows`` and ``quant`` (tile/wave FLOPs multiplier) feed the fitted
         per-operator curves (:class:`OperatorFit`); ``groups``, the experts a grouped MoE
         GEMM walks (:meth:`OperatorFit.group_seconds`); ``fit_label``, the fitted curve
-        when it is not ``label``'s (the MoE batches of SGLang's default Triton blocks).
+        when it is not ``label``'s (the MoE batches of SGLang's default Triton blocks);
+        ``depth``, the sum of a GEMM group's depths ``k`` (:attr:`OperatorFit.per_k_ps`).
         """
         acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant, groups,
-                                   fit_label), times, label)
+                                   fit_label, depth), times, label)
 
     def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
                   rows: float, quant: float = 1.0, groups: float = 0.0,
-                  fit_label: str | None = None) -> tuple[float, float, float]:
+                  fit_label: str | None = None, depth: float = 0.0) -> tuple[float, float, float]:
         """(compute, memory, launch) seconds of one operator."""
         fit = self._fits.get(fit_label or label)
         if fit is not None:
@@ -330,7 +332,7 @@ class OperatorPricing:
             compute, memory = float(c), float(m)
             busy = fit.busy(compute, memory)  # the longer side and the shorter's exposed share
             exposed = busy - max(compute, memory)
-            fixed = (float(fit.fixed(rows, busy, units * calls))
+            fixed = (float(fit.fixed(rows, busy, units * calls, depth))
                      + (calls - 1) * fit.floor_us * 1e-6 + exposed + fit.group_seconds(groups))
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
@@ -365,9 +367,10 @@ class OperatorPricing:
                 quant = (sum(n * k * scalar_quantisation(fit, (1.0, tokens, n, k), self._sms)
                              for n, k in gemms) / sum(n * k for n, k in gemms))
                 self._quant_memo[key] = quant
+        # Each GEMM of the group walks its own depth k (OperatorFit.per_k_ps): k_sum.
         self._op(acc, flops, nbytes, kernels, times, label,
                  (tokens, shapes) if shapes is not None else None, tokens, tokens * k_sum,
-                 float(quant))
+                 float(quant), depth=k_sum)
 
     def _allreduce(self, acc: _Acc, nbytes: float, ranks: int, times: float) -> None:
         link = self.links.tp

@@ -294,6 +294,11 @@ class OperatorFit(Frozen):
         "`static_scaled_fp8_quant` and `dynamic_per_token_scaled_fp8_quant`: grid = "
         "num_tokens, 256 threads), whose blocks cost about the same for any row width up to "
         "a few thousand elements. 0 where the kernels have no such term (the fit decides)."))
+    per_k_ps: float = Field(0.0, ge=0, description=(
+        "GEMM families: time per unit of each GEMM's depth k, picoseconds, paid once per "
+        "GEMM however many thread blocks run: a block walks its k in a serial main loop, "
+        "one k-slice after another, and the kernel waits for its blocks' loops. 0 where the "
+        "tables show no such term (the fit decides)."))
     per_group_ns: float = Field(0.0, ge=0, description=(
         "MoE families: time per expert hit on the rank, nanoseconds, beside the per-element "
         "terms: a grouped GEMM walks its experts' problems one after another (each group's "
@@ -845,15 +850,18 @@ class OperatorFit(Frozen):
             return 0.0
         return slots * (3.0 * hidden + 1.5 * gate_up)
 
-    def fixed(self, rows: Any = 0.0, busy: Any = 0.0, units: Any = 0.0) -> Any:
+    def fixed(self, rows: Any = 0.0, busy: Any = 0.0, units: Any = 0.0,
+              depth: Any = 0.0) -> Any:
         """Seconds added to the larger of compute and memory (``busy``): the floor and the
         per-row work (``rows`` per-row elements, and for a GEMM family ``units`` input rows
-        at ``per_unit_ns``), less the share of that work hidden under ``busy``
-        (``row_overlap``). The sum ``busy + fixed`` never decreases in ``busy``, ``rows`` or
-        ``units``."""
+        at ``per_unit_ns`` and ``depth``, the sum of its GEMMs' k, at ``per_k_ps``), less the
+        share of that work hidden under ``busy`` (``row_overlap``). The sum ``busy + fixed``
+        never decreases in ``busy``, ``rows``, ``units`` or ``depth``."""
         per_row = rows * self.per_row_ps * 1e-12
         if self.per_unit_ns:
             per_row = per_row + units * self.per_unit_ns * 1e-9
+        if self.per_k_ps:
+            per_row = per_row + depth * self.per_k_ps * 1e-12
         if not self.row_overlap:
             return self.floor_us * 1e-6 + per_row
         arrays = isinstance(busy, np.ndarray) or isinstance(per_row, np.ndarray)
@@ -861,10 +869,11 @@ class OperatorFit(Frozen):
         return self.floor_us * 1e-6 + per_row - self.row_overlap * hidden
 
     def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
-                units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0, warm: Any = 0.0) -> Any:
+                units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0, warm: Any = 0.0,
+                depth: Any = 0.0) -> Any:
         compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant, warm)
         busy = self.busy(compute, memory)
-        return busy + self.fixed(rows, busy, units)
+        return busy + self.fixed(rows, busy, units, depth)
 
     def group_seconds(self, groups: Any) -> Any:
         """Seconds of ``groups`` experts hit on the rank (:attr:`per_group_ns`)."""
@@ -967,6 +976,9 @@ class OperatorFits(Frozen):
             if fit.per_group_ns and not family.startswith("moe"):
                 raise ValueError(f"fits.{family}.per_group_ns: only MoE families (moe*) "
                                  f"take it; got {fit.per_group_ns}")
+            if fit.per_k_ps and not family.startswith("gemm"):
+                raise ValueError(f"fits.{family}.per_k_ps: only GEMM families (gemm*) "
+                                 f"take it; got {fit.per_k_ps}")
             if fit.sustained_rate != 1.0 and not family.startswith("gemm"):
                 raise ValueError(f"fits.{family}.sustained_rate: only GEMM families (gemm*) "
                                  f"take it; got {fit.sustained_rate}")

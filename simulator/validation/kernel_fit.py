@@ -67,6 +67,7 @@ from simulator.validation.kernel_fit_predict import (
     evaluate,
     extra_floor,
     flops,
+    gemm_depth,
     predict,
     training_ape,
     warm_share,
@@ -119,6 +120,14 @@ offered on: SM90 kernels on Hopper, FlashInfer's SM100 NVFP4 GEMM on B200 and GB
 choice among its tiles on the L40S (Ada), where the single-tile BF16 fits priced small
 GEMMs over many rows up to twice too slow (vLLM 0.24.0: weights of at most 128 x 128 at
 65-4,096 rows, +45 … +101 % median per row count; +20 … +30 % with the candidates)."""
+GEMM_DEPTH_TABLES: dict[str, tuple[str, ...]] = {
+    "vllm": ADA_TABLES, "trtllm": ADA_TABLES, "sglang": (*ADA_TABLES, "b200_sxm")}
+"""Tables (per engine) whose GEMM families are offered a time per unit of each GEMM's depth
+(``OperatorFit.per_k_ps``), on their chosen terms and on their training shapes only: the
+L40S, where every GEMM family of the three engines priced GEMMs of a few microseconds with
+one floor (vLLM 0.24.0 BF16 at 2-16 rows: 512 x 512 3.7 us, 1,024 x 1,024 5.5 us, 128 x 128
+2.1 us, where the weights' bytes make under 1.5 us of the difference), and SGLang's B200
+tables (its FP8 GEMM at 10.4 % held out)."""
 LOAD_ROW_CHOICES = (48.0, 56.0, 64.0)
 """``OperatorFit.tile_load_rows`` a candidate tile set (:data:`simulator.cost.roofline.
 TILE_CANDIDATES`) may choose, on its training shapes only: a 128 x 128 tile is load-bound
@@ -353,11 +362,17 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             exposed: bool = False, per_group: bool = False, key_tiles: str = "",
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
             rope: bool = False, block_sms: float = 0.0, qcopy: bool = False,
-            slots: bool = False, head_block: int = 0, load_rows: float = 0.0) -> OperatorFit:
+            slots: bool = False, head_block: int = 0, load_rows: float = 0.0,
+            depth: bool = False) -> OperatorFit:
     # ``slots`` (MoE) is a choice, not a fitted element (OperatorFit.slot_kernels).
-    # With ``head_block`` (MLA decode in a split-KV kernel's head blocks) the very last two
-    # elements are log(head_block_rows) and the logit of head_block_reread, stripped before
-    # all others (OperatorFit.head_block).
+    # With ``depth`` (GEMM families) the very last element is log(per_k_ps), stripped before
+    # all others (OperatorFit.per_k_ps).
+    per_k = min(_exp(x[-1]), 1e5) if depth else 0.0
+    if depth:
+        x = x[:-1]
+    # With ``head_block`` (MLA decode in a split-KV kernel's head blocks) the last two
+    # elements left are log(head_block_rows) and the logit of head_block_reread, stripped
+    # next (OperatorFit.head_block).
     block_rows = min(_exp(x[-2]), 1e6) if head_block else 0.0
     block_reread = _sig(x[-1]) if head_block else 0.0
     if head_block:
@@ -444,6 +459,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
                        tile_load_rows=load_rows if tile_n and dispatch in TILE_CANDIDATES else 0.0,
+                       per_k_ps=per_k,
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
                        remote_slots=remote, slot_kernels=slots, head_tile=head_tile,
                        resident_blocks=block_sms or resident,
@@ -466,7 +482,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        causal_tail=round(f.causal_tail, 3), softmax_dim=round(f.softmax_dim, 1),
                        kv_reread_share=round(f.kv_reread_share, 4),
                        tile_dispatch=f.tile_dispatch, moe_kernel=f.moe_kernel,
-                       tile_load_rows=f.tile_load_rows,
+                       tile_load_rows=f.tile_load_rows, per_k_ps=sig4(f.per_k_ps),
                        group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
                        group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
@@ -504,7 +520,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
         width: bool = False, rope: bool = False, block: bool = False,
         qcopy: bool = False, slots: bool = False, head_block: int = 0,
-        load_rows: float = 0.0) -> OperatorFit:
+        load_rows: float = 0.0, depth: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -539,7 +555,11 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     per routed slot as per-row work (``OperatorFit.slot_kernels``); MLA decode attention
     with ``head_block``, the per-row work of each (sequence, block of ``head_block`` query
     heads) of a split-KV kernel and the share of each further block's latent read that
-    reaches memory (``OperatorFit.head_block_rows``, ``head_block_reread``)."""
+    reaches memory (``OperatorFit.head_block_rows``, ``head_block_reread``); a candidate
+    tile set (``dispatch`` in :data:`simulator.cost.roofline.TILE_CANDIDATES`) with
+    ``load_rows``, its tiles' operand-load rows (``OperatorFit.tile_load_rows``); a GEMM
+    family with ``depth``, a time per unit of each GEMM's depth k (``OperatorFit.per_k_ps``,
+    fitted)."""
     head_block = head_block if samples.decode and samples.heads is not None else 0
     qcopy = qcopy and bool(group_limit) and samples.decode and samples.tiles is not None
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
@@ -552,6 +572,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     has_reread = samples.kv_bytes is not None
     decode_hd = decode_hd and samples.decode and samples.head_dim is not None
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
+    depth = depth and per_unit and samples.tiles is not None  # OperatorFit.per_k_ps
     width = width and bool(group_limit) and samples.decode and samples.head_dim is not None
     rope = rope and width
     block_sms = float(device.sm_count or 0) if (
@@ -565,6 +586,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     u, q = _work(samples, start.model_copy(update={"causal_tail": 0.0}), device, idx)
     share = causal_shares(samples, start, device, idx)
     log_t = np.log(samples.seconds[idx])
+    dep = gemm_depth(samples, idx)
     fill = samples.decode  # see the note above _to_fit
     hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
@@ -572,14 +594,15 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         model = _to_fit(x, 0, tile_m, tile_n, split_k, fill, tile_k0, pack_gqa, dispatch,
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
-                        sustained, width, rope, block_sms, qcopy, slots, head_block, load_rows)
+                        sustained, width, rope, block_sms, qcopy, slots, head_block, load_rows,
+                        depth)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
         qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
         if head_tile:  # the resident blocks are fitted: the multiplier follows them
             qx = _work(samples, model, device, idx)[1]
-        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm)
+        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm, dep)
                       + extra_floor(samples, model, idx)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
@@ -604,7 +627,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([0.5] if width else []), *([math.log(2.0)] if rope else []),
                        *([math.log(16.0)] if block_sms else []),
                        *([math.log(2.0)] if qcopy else []),
-                       *([math.log(16.0), -1.0] if head_block else [])])
+                       *([math.log(16.0), -1.0] if head_block else []),
+                       *([math.log(300.0)] if depth else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -623,7 +647,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
-                            rope, block_sms, qcopy, slots, head_block, load_rows))
+                            rope, block_sms, qcopy, slots, head_block, load_rows, depth))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -641,7 +665,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                whole_context: bool = False, row_width: bool = False,
                rope_kernel: bool = True, q_copy: bool = False,
                slot_kernels: bool = False,
-               head_blocks: tuple[int, ...] = ()) -> tuple[Samples, OperatorFit]:
+               head_blocks: tuple[int, ...] = (),
+               gemm_depth_offered: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -673,7 +698,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     :data:`SLOT_KERNEL_ENGINES`), every tile choice; ``head_blocks``, the query heads per
     block an MLA decode kernel with split-KV may take (:data:`HEAD_BLOCK_TABLES`,
     ``OperatorFit.head_block``), each refitted on the chosen tiles with and without the
-    warm L2.
+    warm L2; with ``gemm_depth_offered``, a GEMM family is refitted on its chosen terms,
+    with and without the exposed share, with a time per unit of each GEMM's depth
+    (:data:`GEMM_DEPTH_TABLES`, ``OperatorFit.per_k_ps``).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -803,6 +830,17 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
             samples, device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
             kept.pack_gqa, kept.tile_dispatch, l2=kept.l2_speedup != 1.0,
             exposed=bool(kept.exposed), sustained=True, load_rows=kept.tile_load_rows))
+        if gemm_depth_offered:
+            # The chosen terms with a time per unit of each GEMM's depth (OperatorFit.per_k_ps),
+            # with and without the exposed share (which the depth term can make worth it).
+            kept = best[2]
+            samples = family if kept.tile_dispatch else best[1]
+            for share in sorted({bool(kept.exposed), True}):
+                consider(samples, kept.row_unit, fit(
+                    samples, device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
+                    kept.pack_gqa, kept.tile_dispatch, l2=kept.l2_speedup != 1.0,
+                    exposed=share, sustained=bool(kept.sustained_us),
+                    load_rows=kept.tile_load_rows, depth=True))
     if family.decode and family.head_dim is not None and len(np.unique(family.head_dim)) > 1:
         # The chosen kernel terms with the work's exponent in the head dimension fitted.
         kept = best[2]
@@ -1012,7 +1050,9 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                q_copy=engine in Q_COPY_ENGINES,
                                slot_kernels=engine in SLOT_KERNEL_ENGINES,
                                head_blocks=HEAD_BLOCK_TABLES.get(engine, {}).get(
-                                   device.kernel_tables or "", ()))
+                                   device.kernel_tables or "", ()),
+                               gemm_depth_offered=device.kernel_tables in GEMM_DEPTH_TABLES.get(
+                                   engine, ()))
         if family.op in prefill_only:
             # Without the rows the engine runs on its decode kernel (kernel_fit_samples.
             # DECODE_PATH_KERNELS): kept where it prices the prefill kernel's own training

@@ -130,6 +130,14 @@ def _bytes_rows(samples: Samples, fitted: OperatorFit,
     return nbytes - kv + kv * kv_scale, rows * row_scale
 
 
+def gemm_depth(samples: Samples, idx: np.ndarray) -> Any:
+    """Each measured GEMM's depth ``k`` (priced at ``OperatorFit.per_k_ps``), 0 for the other
+    families."""
+    if samples.op.startswith("gemm") and samples.tiles is not None:
+        return samples.tiles[3][idx]
+    return 0.0
+
+
 def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
     """Seconds added to ``fitted.seconds`` of ``samples[idx]``: decode attention outside its
     grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`), and the
@@ -175,7 +183,8 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
     warm = warm_share(samples, device, idx) if fitted.l2_speedup != 1.0 else 0.0
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
                                      device.memory_bandwidth, flops(samples, fitted, idx) * fscale,
-                                     nbytes * scale, units, rows, quant, warm)
+                                     nbytes * scale, units, rows, quant, warm,
+                                     gemm_depth(samples, idx))
                       + extra_floor(samples, fitted, idx))
 
 
