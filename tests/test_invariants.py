@@ -431,20 +431,21 @@ def test_invariants_with_autoscaling(updates: dict[str, Any]) -> None:
 
 
 def test_the_ttft_floor_is_the_sum_of_the_chunks_that_ran() -> None:
-    """One 2,261-token prompt on L40S with a 2,048-token budget runs as 2,048 + 213 tokens,
-    and the two steps cost less than the whole prompt at once (the FFN GEMMs take one more
-    wave of tiles past 2,048 rows): the floor is the chunks' sum, which the run meets."""
+    """One 7,937-token prompt on L40S with a 4,096-token budget runs as 4,096 + 3,841 tokens,
+    and the two steps cost less than the whole prompt at once (the QKV + O and FFN GEMMs
+    fill their last wave of tiles worse at 7,937 rows than at 4,096 and 3,841): the floor
+    is the chunks' sum, which the run meets."""
     sim = Simulation(make_scenario(**{
         "workload": {"arrival": {"kind": "poisson", "rate_per_s": 0.1},
-                     "input_tokens": {"kind": "fixed", "tokens": 2261},
+                     "input_tokens": {"kind": "fixed", "tokens": 7937},
                      "output_tokens": {"kind": "fixed", "tokens": 4}, "num_requests": 1},
         "cluster.pools": [{"name": "main", "device": "L40S",
-                           "scheduler": {"max_num_batched_tokens": 2048}}]}))
+                           "scheduler": {"max_num_batched_tokens": 4096}}]}))
     with recording_chunks() as chunks:
         res = sim.run()
-    assert chunks[0] == [(2048, 0, False), (213, 2048, True)]
+    assert chunks[0] == [(4096, 0, False), (3841, 4096, True)]
     cost = sim.plan.instances[0].cost
-    whole = cost.step(BatchShape.prefill(2261)).seconds
+    whole = cost.step(BatchShape.prefill(7937)).seconds
     ttft = float(res.requests["ttft_s"].iloc[0])
     assert ttft < whole  # so a whole-prompt floor would be wrong here
     check_invariants(sim, res, chunks)
