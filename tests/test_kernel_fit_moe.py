@@ -800,10 +800,13 @@ def test_the_shipped_sglang_triton_config_moe_fits_price_held_out_layouts(
     assert scored["median_ape_after"] <= 10.0
 
 
-def test_a_written_profile_keeps_the_other_ranks_slots(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kernel_fit --write`` keeps ``remote_slots`` where a fit took it and leaves the key
-    out where it did not; the profile loads back with the same fits."""
+@pytest.mark.parametrize(("flag", "engine"), [("remote_slots", "sglang"),
+                                              ("slot_kernels", "trtllm")])
+def test_a_written_profile_keeps_a_moe_flag(flag: str, engine: str, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel_fit --write`` keeps a MoE fit's flag (``remote_slots``: the other ranks'
+    slots; ``slot_kernels``: the routing kernels' work per slot) where a fit took it and
+    leaves the key out where it did not; the profile loads back with the same fits."""
     import shutil
 
     import yaml
@@ -816,16 +819,16 @@ def test_a_written_profile_keeps_the_other_ranks_slots(tmp_path: Path,
     monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
     base = OperatorFit(compute=0.5, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=4.0,
                        tile_m=64, tile_n=64)
-    fits = {"moe": base.model_copy(update={"remote_slots": True}), "moe_fp8": base}
+    fits = {"moe": base.model_copy(update={flag: True}), "moe_fp8": base}
     load_device.cache_clear()
     try:
-        path = writer.write_profile(load_device("H100-SXM"), fits, [], "sglang", "test source")
-        written = yaml.safe_load(path.read_text())["operators"]["sglang"]["fits"]
-        assert written["moe"]["remote_slots"] is True
-        assert "remote_slots" not in written["moe_fp8"]
-        loaded = load_device("H100-SXM").operator_fits("sglang")
+        path = writer.write_profile(load_device("H100-SXM"), fits, [], engine, "test source")
+        written = yaml.safe_load(path.read_text())["operators"][engine]["fits"]
+        assert written["moe"][flag] is True
+        assert flag not in written["moe_fp8"]
+        loaded = load_device("H100-SXM").operator_fits(engine)
         assert loaded["moe"] == fits["moe"].model_copy(update={"rows": loaded["moe"].rows})
-        assert loaded["moe_fp8"].remote_slots is False
+        assert getattr(loaded["moe_fp8"], flag) is False
     finally:
         load_device.cache_clear()
 
@@ -939,32 +942,3 @@ def test_kernel_fit_finds_the_routing_kernels_per_slot(tmp_path: Path) -> None:
         if slots_on:
             assert not fit_family(samples, no_tiles)[1].slot_kernels
 
-
-def test_a_written_profile_keeps_the_slot_kernels(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kernel_fit --write`` keeps ``slot_kernels`` where a fit took it and leaves the key
-    out where it did not; the profile loads back with the same fits."""
-    import shutil
-
-    import yaml
-
-    import simulator.validation.kernel_fit_profile as writer
-    from simulator.hardware import registry
-
-    shutil.copytree(registry.profiles_dir() / "devices", tmp_path / "devices")
-    monkeypatch.setattr(registry, "profiles_dir", lambda: tmp_path)
-    monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
-    base = OperatorFit(compute=0.5, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=4.0,
-                       tile_m=64, tile_n=64)
-    fits = {"moe": base.model_copy(update={"slot_kernels": True}), "moe_fp8": base}
-    load_device.cache_clear()
-    try:
-        path = writer.write_profile(load_device("H100-SXM"), fits, [], "trtllm", "test source")
-        written = yaml.safe_load(path.read_text())["operators"]["trtllm"]["fits"]
-        assert written["moe"]["slot_kernels"] is True
-        assert "slot_kernels" not in written["moe_fp8"]
-        loaded = load_device("H100-SXM").operator_fits("trtllm")
-        assert loaded["moe"] == fits["moe"].model_copy(update={"rows": loaded["moe"].rows})
-        assert loaded["moe_fp8"].slot_kernels is False
-    finally:
-        load_device.cache_clear()
