@@ -15,6 +15,7 @@ from simulator.cost import BatchShape, InstanceCostModel
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import OperatorFit, OperatorFits
 from simulator.models import get_model
+from tests.kernel_cells import measured_cell
 
 L40S = load_device("L40S")
 BASE = OperatorFit(compute=0.7, half_flops=1e8, memory=0.8, half_bytes=1e6, floor_us=1.5,
@@ -97,18 +98,8 @@ def test_the_shipped_gemm_fits_pay_their_depth_on_held_out_shapes(
     """vLLM 0.24.0's L40S BF16 and FP8 GEMMs (held out 11.4 / 10.2 % before cuBLAS's tiles
     and the depth term) and SGLang 0.5.14's B200 FP8 GEMM (10.4 %), median APE on held-out
     shapes."""
-    from simulator.runner.kernel_tables import _pick_version, tables_root
     from simulator.validation.kernel_fit import evaluate
-    from simulator.validation.kernel_fit_samples import gemm_samples
 
-    root = tables_root()
-    if root is None:
-        pytest.skip("needs the kernels extra (aiconfigurator-core)")
-    dev = load_device(device)
-    assert dev.kernel_tables is not None
-    fit = dev.operator_fits(engine)[op]
+    dev, samples, fit = measured_cell(engine, device, op)
     assert fit.per_k_ps > 0
-    folder = _pick_version(root / dev.kernel_tables / "gemm" / engine, None, "gemm_perf.parquet")
-    assert folder is not None
-    samples = next(s for s in gemm_samples(folder) if s.op == op)
     assert evaluate(samples, dev, fit)["median_ape_after"] < limit

@@ -18,6 +18,7 @@ from simulator.cost.roofline import decode_units
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import COLLECTOR_ROTARY_DIM, OperatorFit, OperatorFits
 from simulator.models import get_model
+from tests.kernel_cells import measured_cell
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = load_device("H100-SXM")
@@ -188,20 +189,9 @@ def test_the_shipped_trtllm_hopper_decode_fits_on_held_out_measured_shapes(
     and of the grouped kernel's head-dimension-64 shapes. Before the grouped kernel's width
     and the collector's RoPE kernel the fits scored 12.6 / 12.7 % (H100 / H200, FP8 KV; head
     dimension 64: 20 %) and 9.4 / 10.5 % (BF16 KV)."""
-    from simulator.runner.kernel_tables import _pick_version, tables_root
     from simulator.validation.kernel_fit_predict import predict
-    from simulator.validation.kernel_fit_samples import attention_samples
 
-    root = tables_root()
-    if root is None:
-        pytest.skip("needs the kernels extra (aiconfigurator-core)")
-    dev = load_device(device)
-    assert dev.kernel_tables is not None
-    folder = _pick_version(root / dev.kernel_tables / "attention" / "trtllm", None,
-                           "generation_attention_perf.parquet")
-    assert folder is not None
-    samples = next(s for s in attention_samples(folder) if s.op == op)
-    fit = dev.operator_fits("trtllm")[op]
+    dev, samples, fit = measured_cell("trtllm", device, op)
     assert fit.group_row_head_dim_exp > 0
     if op.endswith("_kv_fp8"):  # Hopper's FP8-KV XQA rotates in-kernel at 128 and above
         assert fit.rope_kernel_us > 1.0
@@ -289,20 +279,9 @@ def test_the_shipped_trtllm_l40s_fp8_kv_decode_fit_streams_each_block_at_its_rat
     shipped fit carries a per-block rate, and the held-out shapes score at most 9 % median
     APE (13.2 % before the grouped kernel's width, 11.0 % before the per-block rate), those
     of 8k tokens and more at most 12 %."""
-    from simulator.runner.kernel_tables import _pick_version, tables_root
     from simulator.validation.kernel_fit_predict import predict
-    from simulator.validation.kernel_fit_samples import attention_samples
 
-    root = tables_root()
-    if root is None:
-        pytest.skip("needs the kernels extra (aiconfigurator-core)")
-    dev = load_device("L40S")
-    assert dev.kernel_tables is not None
-    folder = _pick_version(root / dev.kernel_tables / "attention" / "trtllm", None,
-                           "generation_attention_perf.parquet")
-    assert folder is not None
-    samples = next(s for s in attention_samples(folder) if s.op == "attention_decode_kv_fp8")
-    fit = dev.operator_fits("trtllm")["attention_decode_kv_fp8"]
+    dev, samples, fit = measured_cell("trtllm", "L40S", "attention_decode_kv_fp8")
     assert fit.block_gbs > 0
     assert fit.resident_blocks == dev.sm_count
     assert samples.kv_rows is not None

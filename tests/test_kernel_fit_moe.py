@@ -674,6 +674,30 @@ def test_without_a_token_exchange_the_fused_moe_writes_the_other_ranks_slots() -
                                   rel=1e-9)
 
 
+def _synthetic_moe_table(truth: OperatorFit, folder: Path) -> None:
+    """``moe_perf.parquet`` in ``folder``: balanced BF16 MoE timings of six layouts at 1 to
+    16,384 tokens and EP 1, 8 and 64, priced by ``truth`` (a roofline with a floor and per-row
+    work, plus the other ranks' slots written (``remote_slots``) and the routing kernels'
+    elements per slot (``slot_kernels``) where ``truth`` takes them)."""
+    rows = []
+    for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
+                                    (7168, 2048, 8, 256), (3072, 1024, 8, 256),
+                                    (2048, 512, 8, 256), (6144, 2560, 8, 160)):
+        for tokens in (1, 16, 256, 2048, 16384):
+            for ep in (1, 8, 64):
+                slots = tokens * topk / ep
+                touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
+                nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
+                per_row = (tokens * h + truth.remote_rows(tokens * topk - slots, 2 * inter, h)
+                           + truth.slot_rows(slots, 2 * inter, h))
+                ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
+                                         2 * slots * 3 * h * inter, nbytes, slots,
+                                         per_row)) * 1e3
+                rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
+                             ep, "balanced", ms))
+    _table(rows).to_parquet(folder / "moe_perf.parquet")
+
+
 def test_kernel_fit_finds_the_writes_of_the_other_ranks_slots(tmp_path: Path) -> None:
     """Timings made with the other ranks' slots written (a roofline with a floor and
     per-row work, the elements of :meth:`OperatorFit.remote_rows` added to it) are fitted
@@ -685,22 +709,7 @@ def test_kernel_fit_finds_the_writes_of_the_other_ranks_slots(tmp_path: Path) ->
                        per_row_ps=15.0)
     for remote in (True, False):
         truth = made.model_copy(update={"remote_slots": remote})
-        rows = []
-        for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
-                                        (7168, 2048, 8, 256), (3072, 1024, 8, 256),
-                                        (2048, 512, 8, 256), (6144, 2560, 8, 160)):
-            for tokens in (1, 16, 256, 2048, 16384):
-                for ep in (1, 8, 64):
-                    slots = tokens * topk / ep
-                    touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
-                    nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
-                    per_row = tokens * h + truth.remote_rows(tokens * topk - slots, 2 * inter, h)
-                    ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
-                                             2 * slots * 3 * h * inter, nbytes, slots,
-                                             per_row)) * 1e3
-                    rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
-                                 ep, "balanced", ms))
-        _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+        _synthetic_moe_table(truth, tmp_path)
         (samples,) = moe_samples(tmp_path)
         no_tiles = H100.model_copy(update={"sm_count": None})
         chosen, fitted = fit_family(samples, no_tiles)
@@ -918,22 +927,7 @@ def test_kernel_fit_finds_the_routing_kernels_per_slot(tmp_path: Path) -> None:
                        per_row_ps=3.0)
     for slots_on in (True, False):
         truth = made.model_copy(update={"slot_kernels": slots_on})
-        rows = []
-        for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
-                                        (7168, 2048, 8, 256), (3072, 1024, 8, 256),
-                                        (2048, 512, 8, 256), (6144, 2560, 8, 160)):
-            for tokens in (1, 16, 256, 2048, 16384):
-                for ep in (1, 8, 64):
-                    slots = tokens * topk / ep
-                    touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
-                    nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
-                    per_row = tokens * h + truth.slot_rows(slots, 2 * inter, h)
-                    ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
-                                             2 * slots * 3 * h * inter, nbytes, slots,
-                                             per_row)) * 1e3
-                    rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
-                                 ep, "balanced", ms))
-        _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+        _synthetic_moe_table(truth, tmp_path)
         (samples,) = moe_samples(tmp_path)
         no_tiles = H100.model_copy(update={"sm_count": None})
         chosen, fitted = fit_family(samples, no_tiles, slot_kernels=True)

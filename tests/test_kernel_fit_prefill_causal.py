@@ -17,6 +17,7 @@ from simulator.cost.roofline import (
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import OperatorFit, OperatorFits
 from simulator.models import get_model
+from tests.kernel_cells import measured_cell
 
 B200 = load_device("B200")
 SMS = 148
@@ -182,20 +183,9 @@ def test_the_shipped_blackwell_prefill_fits_on_held_out_measured_shapes(
     kernels): held-out median APE of all shapes and of prompts above 8,192 tokens. The fits
     before the causal tail and softmax floor scored 15.9 / 21.5 % (B200, BF16 KV) and
     17.9 / 27.6 % (FP8 KV), 15.2 / 23.8 % and 16.4 / 27.0 % on GB200."""
-    from simulator.runner.kernel_tables import _pick_version, tables_root
     from simulator.validation.kernel_fit_predict import predict
-    from simulator.validation.kernel_fit_samples import attention_samples
 
-    root = tables_root()
-    if root is None:
-        pytest.skip("needs the kernels extra (aiconfigurator-core)")
-    dev = load_device(device)
-    assert dev.kernel_tables is not None
-    folder = _pick_version(root / dev.kernel_tables / "attention" / "vllm", "0.24.0",
-                           "context_attention_perf.parquet")
-    assert folder is not None
-    samples = next(s for s in attention_samples(folder) if s.op == op)
-    fit = dev.operator_fits("vllm")[op]
+    dev, samples, fit = measured_cell("vllm", device, op, "0.24.0")
     held = np.flatnonzero(samples.held_out)
     ape = np.abs(predict(samples, dev, fit, held) / samples.seconds[held] - 1) * 100
     assert samples.tiles is not None

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from simulator.hardware import load_device
+from tests.kernel_cells import measured_cell
 from tests.test_kernel_fit_decode_width import H100, WIDE, _xqa_decode
 
 
@@ -48,27 +48,12 @@ def test_the_shipped_sglang_blackwell_fits_on_held_out_measured_shapes(
     """SGLang 0.5.14's B200 / GB200 NVFP4 GEMM (held out 11.1 / 11.0 % before the 128-row
     tiles) and B200 decode attention (10.3 % before the width), median APE on held-out
     shapes."""
-    from simulator.runner.kernel_tables import _pick_version, tables_root
     from simulator.validation.kernel_fit import evaluate
-    from simulator.validation.kernel_fit_samples import attention_samples, gemm_samples
 
-    root = tables_root()
-    if root is None:
-        pytest.skip("needs the kernels extra (aiconfigurator-core)")
-    dev = load_device(device)
-    assert dev.kernel_tables is not None
-    fit = dev.operator_fits("sglang")[op]
+    dev, samples, fit = measured_cell("sglang", device, op)
     if op == "gemm_fp4":
-        folder = _pick_version(root / dev.kernel_tables / "gemm" / "sglang", None,
-                               "gemm_perf.parquet")
-        assert folder is not None
-        samples = next(s for s in gemm_samples(folder) if s.op == op)
         assert fit.tile_dispatch == "flashinfer_cutlass_sm100_nvfp4"
     else:
-        folder = _pick_version(root / dev.kernel_tables / "attention" / "sglang", None,
-                               "generation_attention_perf.parquet")
-        assert folder is not None
-        samples = next(s for s in attention_samples(folder) if s.op == op)
         assert fit.group_row_head_dim_exp > 0
         assert fit.rope_kernel_us == 0.0
         if fit.row_unit == "kv_head" and samples.kv_rows is not None:

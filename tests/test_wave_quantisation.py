@@ -21,6 +21,7 @@ from simulator.hardware import load_device
 from simulator.hardware.operator_fits import OperatorFit, OperatorFits
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models import get_model
+from tests.kernel_cells import measured_cell
 
 H100 = load_device("H100-SXM")
 SMS = 132
@@ -452,18 +453,8 @@ def test_kernel_fit_picks_the_cublas_candidates_that_made_the_data() -> None:
 def test_the_shipped_l40s_bf16_gemms_take_cublas_candidates(engine: str, limit: float) -> None:
     """vLLM 0.24.0's and TensorRT-LLM 1.3.0rc20's L40S BF16 GEMMs (held out 11.4 / 10.9 %
     with one tile size), median APE on held-out shapes with cuBLAS's candidate tiles."""
-    from simulator.runner.kernel_tables import _pick_version, tables_root
     from simulator.validation.kernel_fit import evaluate
-    from simulator.validation.kernel_fit_samples import gemm_samples
 
-    root = tables_root()
-    if root is None:
-        pytest.skip("needs the kernels extra (aiconfigurator-core)")
-    dev = load_device("L40S")
-    assert dev.kernel_tables is not None
-    fit = dev.operator_fits(engine)["gemm"]
+    dev, samples, fit = measured_cell(engine, "L40S", "gemm")
     assert (fit.tile_dispatch, fit.tile_load_rows) == ("cublas_fastest", 56.0)
-    folder = _pick_version(root / dev.kernel_tables / "gemm" / engine, None, "gemm_perf.parquet")
-    assert folder is not None
-    samples = next(s for s in gemm_samples(folder) if s.op == "gemm")
     assert evaluate(samples, dev, fit)["median_ape_after"] < limit
