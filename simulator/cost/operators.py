@@ -75,6 +75,7 @@ class OperatorPricing:
     ep_group: EPGroup | None
     deepep_mode: DeepEPMode
     redundant_experts: int
+    norm_fusion_bytes: float
     _fits: dict[str, OperatorFit]
     _ar_curves: dict[int, Any]
     _ar_knots: dict[int, tuple[np.ndarray, np.ndarray]]
@@ -407,9 +408,14 @@ class OperatorPricing:
         # hidden states and the gated activation.
         elem_bytes = tokens * ((8 * h + 3 * ffn_width) * self._hb
                                - (2 * h + ffn_width) * (self._hb - self._ab))
-        self._op(acc, 0.0, elem_bytes, 3, count, "elementwise")
+        reduced = tokens * h * RESIDUAL_BYTES
+        # Three kernels: two residual adds with their RMSNorms, and the gated activation.
+        # An engine that fuses each TP all-reduce with the add and norm after it runs the
+        # norms inside the all-reduce's kernel: their traffic stays, their kernels go.
+        kernels = 1 if t > 1 and reduced <= self.norm_fusion_bytes else 3
+        self._op(acc, 0.0, elem_bytes, kernels, count, "elementwise")
         if t > 1:
-            self._allreduce(acc, tokens * h * RESIDUAL_BYTES, t, 2 * count)
+            self._allreduce(acc, reduced, t, 2 * count)
 
     def _mla_decode_path(self, b: BatchShape) -> bool:
         """Whether the step's prefill chunks run the engine's MLA *decode* kernel: an MLA

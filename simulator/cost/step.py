@@ -71,6 +71,9 @@ class InstanceCostModel(OperatorPricing):
     """Hide one micro-batch's all-to-all behind the other's compute (cost/dp_attention.py)."""
     redundant_experts: int = 0
     """Extra expert replicas spread over the EP ranks (EPLB)."""
+    norm_fusion_bytes: float = 0.0
+    """Largest TP all-reduce the engine fuses with the residual add and RMSNorm after it,
+    bytes (0: never fused; ``ServingEngineProfile.allreduce_norm_fusion``)."""
 
     def __post_init__(self) -> None:
         m, par = self.model, self.parallelism

@@ -89,6 +89,44 @@ class FrontendSpec(BaseModel):
         return (self.round_trip_us + self.per_prompt_token_us * prompt_tokens) * 1e-6
 
 
+class AllReduceNormFusion(BaseModel):
+    """Where an engine runs the TP all-reduce fused with the residual add and RMSNorm after
+    it (and the next GEMM's activation quantisation): one kernel where the model runs three."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    devices: list[str] | None = Field(None, min_length=1, description=(
+        "Device profiles this rule covers (the engine fuses only on some architectures "
+        "and fabrics); None = every device."))
+    min_hidden_size: int = Field(1, ge=1, description=(
+        "Smallest model hidden size the engine fuses at; below it the all-reduce and the "
+        "norms run as their own kernels."))
+    max_message_bytes_by_tp: dict[int, float] = Field(min_length=1, description=(
+        "Largest all-reduce, bytes, the fused kernel takes, by tensor-parallel size (its "
+        "workspace); a larger one runs as a plain all-reduce with the residual add and "
+        "norm after it. A TP size not listed takes the largest listed size below it; "
+        "below every listed size nothing is fused."))
+
+    @field_validator("max_message_bytes_by_tp")
+    @classmethod
+    def _sizes(cls, value: dict[int, float]) -> dict[int, float]:
+        for tp, size in value.items():
+            if tp < 2 or not size > 0:
+                raise ValueError(f"max_message_bytes_by_tp: tp {tp} -> {size}; allowed: "
+                                 "tp >= 2 -> bytes > 0")
+        return value
+
+    def covers(self, device: str) -> bool:
+        return self.devices is None or device in self.devices
+
+    def max_message_bytes(self, tp: int, hidden_size: int) -> float:
+        """The largest all-reduce fused at ``tp`` for a model of ``hidden_size`` (0: none)."""
+        below = [t for t in self.max_message_bytes_by_tp if t <= tp]
+        if tp < 2 or hidden_size < self.min_hidden_size or not below:
+            return 0.0
+        return float(self.max_message_bytes_by_tp[max(below)])
+
+
 SchedulerPolicy = Literal["vllm_v1", "trtllm", "sglang", "continuous"]
 """Batching policies (simulator/engine/scheduler/): one per serving engine, and
 ``continuous``, the decode-first / prefill-first batching the simulator ran before."""
@@ -210,6 +248,10 @@ class ServingEngineProfile(BaseModel):
         "Captured CUDA-graph batch sizes: a batch pads up to the next captured size, "
         "a larger one runs eagerly. Empty = every decode step replays a graph at its "
         "own size (no padding)."))
+    allreduce_norm_fusion: list[AllReduceNormFusion] = Field(default_factory=list, description=(
+        "Where the engine fuses the TP all-reduce with the residual add and RMSNorm after "
+        "it by default: the first rule covering the device applies; none = they run as "
+        "separate kernels."))
     cuda_graph_reserve_gib: float = Field(0.0, ge=0, description=(
         "Device memory the captured graphs hold, GiB per device (outside the KV pool)."))
     frontend: FrontendSpec = Field(default_factory=FrontendSpec, description=(
@@ -244,6 +286,12 @@ class ServingEngineProfile(BaseModel):
                     raise ValueError(f"memory_utilization_by_tp: tp {tp} -> {share}; "
                                      "allowed: tp >= 1 -> a fraction in (0, 1]")
         return value
+
+    def norm_fusion_bytes(self, device: str, tp: int, hidden_size: int) -> float:
+        """The largest TP all-reduce fused with the norm after it on ``device`` at ``tp``
+        for a model of ``hidden_size``, bytes (0: never fused)."""
+        rule = next((r for r in self.allreduce_norm_fusion if r.covers(device)), None)
+        return rule.max_message_bytes(tp, hidden_size) if rule is not None else 0.0
 
     def memory_fraction(self, tp: int) -> float:
         """The default memory fraction at tensor-parallel size ``tp``."""
