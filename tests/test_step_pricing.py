@@ -266,8 +266,10 @@ class Reference(InstanceCostModel):
                      "attention_decode", b, float(units), rows, float(quant))
         elif b.prefill_tokens:
             flops, nbytes, units, quant = self._prefill_attention_op(b)
+            # The prompt's K and V stored into the cache (OperatorFit.kv_write_ps).
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
-                     float(units), b.prefill_tokens * heads, float(quant))
+                     float(units), b.prefill_tokens * heads, float(quant),
+                     written=b.prefill_tokens * self.kv_elements_per_token_per_layer_device())
         if b.decode_seqs and decode:
             flops, nbytes, units, quant = self._decode_attention_op(
                 b.decode_seqs, b.decode_ctx_tokens, b.decode_max_ctx)

@@ -304,7 +304,7 @@ class OperatorPricing:
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
             label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
             quant: float = 1.0, groups: float = 0.0, fit_label: str | None = None,
-            depth: float = 0.0) -> None:
+            depth: float = 0.0, written: float = 0.0) -> None:
         """The roofline of one operator, added ``times`` times to ``acc``.
 
         ``key`` describes the operator's shape for predictors that look it up in measured
@@ -313,14 +313,17 @@ class OperatorPricing:
         per-operator curves (:class:`OperatorFit`); ``groups``, the experts a grouped MoE
         GEMM walks (:meth:`OperatorFit.group_seconds`); ``fit_label``, the fitted curve
         when it is not ``label``'s (the MoE batches of SGLang's default Triton blocks);
-        ``depth``, the sum of a GEMM group's depths ``k`` (:attr:`OperatorFit.per_k_ps`).
+        ``depth``, the sum of a GEMM group's depths ``k`` (:attr:`OperatorFit.per_k_ps`);
+        ``written``, the K/V elements prefill attention stores into the cache
+        (:attr:`OperatorFit.kv_write_ps`).
         """
         acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant, groups,
-                                   fit_label, depth), times, label)
+                                   fit_label, depth, written), times, label)
 
     def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
                   rows: float, quant: float = 1.0, groups: float = 0.0,
-                  fit_label: str | None = None, depth: float = 0.0) -> tuple[float, float, float]:
+                  fit_label: str | None = None, depth: float = 0.0,
+                  written: float = 0.0) -> tuple[float, float, float]:
         """(compute, memory, launch) seconds of one operator."""
         fit = self._fits.get(fit_label or label)
         if fit is not None:
@@ -333,7 +336,7 @@ class OperatorPricing:
             compute, memory = float(c), float(m)
             busy = fit.busy(compute, memory)  # the longer side and the shorter's exposed share
             exposed = busy - max(compute, memory)
-            fixed = (float(fit.fixed(rows, busy, units * calls, depth))
+            fixed = (float(fit.fixed(rows, busy, units * calls, depth, written))
                      + (calls - 1) * fit.floor_us * 1e-6 + exposed + fit.group_seconds(groups))
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
@@ -459,8 +462,10 @@ class OperatorPricing:
             self._op(acc, flops, nbytes, 1, count, "attention_decode", b, units, rows, quant)
         elif b.prefill_tokens:
             flops, nbytes, units, quant = self._prefill_attention_op(b)
+            # The prompt's K/V stored into the cache beside the kernel (OperatorFit.kv_write_ps).
             self._op(acc, float(flops), float(nbytes), 1, count, "attention_prefill", b,
-                     float(units), b.prefill_tokens * self._q_heads, float(quant))
+                     float(units), b.prefill_tokens * self._q_heads, float(quant),
+                     written=b.prefill_tokens * self._kv_elems)
         if b.decode_seqs and decode:
             flops, nbytes, units, quant = self._decode_attention_op(
                 b.decode_seqs, b.decode_ctx_tokens, b.decode_max_ctx)

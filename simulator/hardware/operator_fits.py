@@ -474,6 +474,22 @@ class OperatorFit(Frozen):
         "7.9 and 8.5 us). A condition of the measurement: a model's rotary dimension does "
         "not exceed its head dimension, so the step model never prices it, as with "
         "`l2_speedup`."))
+    kv_write_ps: float = Field(0.0, ge=0, description=(
+        "Prefill attention (not MLA): picoseconds per element of the new tokens' K and V "
+        "written into the paged KV cache (`2 x KV heads x head dim` per token), paid beside "
+        "the attention kernel (0: off). vLLM's attention layer stores the step's keys and "
+        "values before it runs the prefill kernel, in the same forward "
+        "(vllm-project/vllm vllm/v1/attention/backends/flashinfer.py `FlashInferImpl.forward`: "
+        "`reshape_and_cache_flash`, then `trtllm_batch_context_with_kv_cache`), and "
+        "AIConfigurator's collector times that forward (ai-dynamo/aiconfigurator "
+        "collector/vllm/collect_attn.py `impl.forward`). The store is a kernel of its own, one "
+        "thread block per token and, in FlashInfer's HND cache layout, one warp per KV head "
+        "(csrc/cache_kernels.cu `reshape_and_cache_flash_kernel`); into an FP8 cache it "
+        "converts every element with the layer's scale (`fp8::scaled_convert`). Its time "
+        "grows with the KV heads at a fixed count of query heads: in vLLM 0.24.0's B200 "
+        "tables (aiconfigurator-core 0.12.0; 64 prompts of 128 tokens, 64 query heads of "
+        "dimension 128) the FP8-KV forward takes 133 us over 1 KV head and 385 us over 64 "
+        "(BF16 KV: 136 and 243 us). The fit decides where it is taken."))
     q_copy_us: float = Field(0.0, ge=0, description=(
         "Decode attention in the grouped kernel (`group_limit`): microseconds of the copy "
         "kernel that lays the queries out for it, paid with more than one sequence and more "
@@ -851,13 +867,17 @@ class OperatorFit(Frozen):
         return slots * (3.0 * hidden + 1.5 * gate_up)
 
     def fixed(self, rows: Any = 0.0, busy: Any = 0.0, units: Any = 0.0,
-              depth: Any = 0.0) -> Any:
+              depth: Any = 0.0, written: Any = 0.0) -> Any:
         """Seconds added to the larger of compute and memory (``busy``): the floor and the
         per-row work (``rows`` per-row elements, and for a GEMM family ``units`` input rows
-        at ``per_unit_ns`` and ``depth``, the sum of its GEMMs' k, at ``per_k_ps``), less the
-        share of that work hidden under ``busy`` (``row_overlap``). The sum ``busy + fixed``
-        never decreases in ``busy``, ``rows``, ``units`` or ``depth``."""
+        at ``per_unit_ns`` and ``depth``, the sum of its GEMMs' k, at ``per_k_ps``; for
+        prefill attention ``written`` K/V elements stored into the cache at
+        ``kv_write_ps``), less the share of that work hidden under ``busy``
+        (``row_overlap``). The sum ``busy + fixed`` never decreases in ``busy``, ``rows``,
+        ``units``, ``depth`` or ``written``."""
         per_row = rows * self.per_row_ps * 1e-12
+        if self.kv_write_ps:
+            per_row = per_row + written * self.kv_write_ps * 1e-12
         if self.per_unit_ns:
             per_row = per_row + units * self.per_unit_ns * 1e-9
         if self.per_k_ps:
@@ -870,10 +890,10 @@ class OperatorFit(Frozen):
 
     def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
                 units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0, warm: Any = 0.0,
-                depth: Any = 0.0) -> Any:
+                depth: Any = 0.0, written: Any = 0.0) -> Any:
         compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant, warm)
         busy = self.busy(compute, memory)
-        return busy + self.fixed(rows, busy, units, depth)
+        return busy + self.fixed(rows, busy, units, depth, written)
 
     def group_seconds(self, groups: Any) -> Any:
         """Seconds of ``groups`` experts hit on the rank (:attr:`per_group_ns`)."""
@@ -960,7 +980,8 @@ class OperatorFits(Frozen):
     @model_validator(mode="after")
     def _terms_of_their_families(self) -> OperatorFits:
         """``exposed`` belongs to GEMM, MoE and prefill-attention fits, ``per_group_ns`` to
-        MoE fits, ``key_tiles`` to prefill-attention fits, the slower rate of a long
+        MoE fits, ``key_tiles`` and the K/V store (``kv_write_ps``) to prefill-attention
+        fits (not MLA), the slower rate of a long
         kernel (``sustained_rate``) to GEMM fits and the grouped decode kernel's width and
         RoPE terms (``group_row_head_dim_exp``, ``rope_kernel_us``) to decode-attention fits,
         the head blocks of a split-KV MLA kernel (``head_block``) to MLA decode fits: the fits
@@ -989,6 +1010,10 @@ class OperatorFits(Frozen):
             if fit.head_block and not family.startswith("attention_decode_mla"):
                 raise ValueError(f"fits.{family}.head_block: only MLA decode families "
                                  f"(attention_decode_mla*) take it; got {fit.head_block}")
+            if fit.kv_write_ps and not takes_key_tiles(family):
+                raise ValueError(f"fits.{family}.kv_write_ps: only prefill-attention families "
+                                 f"(attention_prefill*, not MLA) take it; got "
+                                 f"{fit.kv_write_ps}")
             if fit.key_tiles and not takes_key_tiles(family):
                 raise ValueError(f"fits.{family}.key_tiles: only prefill-attention families "
                                  f"(attention_prefill*, not MLA) take it; got "

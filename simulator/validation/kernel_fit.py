@@ -68,6 +68,7 @@ from simulator.validation.kernel_fit_predict import (
     extra_floor,
     flops,
     gemm_depth,
+    kv_written,
     predict,
     training_ape,
     warm_share,
@@ -147,6 +148,16 @@ TensorRT-LLM's L40S FP8-KV tables stream in proportion to the sequences at long 
 GB/s for 1 / 2 / 4 / 8 sequences; with a BF16 KV cache one sequence streams 623 GB/s)."""
 ROW_WIDTH_ENGINES = ("trtllm",)
 Q_COPY_ENGINES = ("vllm",)
+KV_WRITE_ENGINES = ("vllm",)
+"""Engines whose prefill-attention fits (not MLA) are offered the time of storing the
+prompt's K and V into the paged cache (``OperatorFit.kv_write_ps``), with every prefill
+choice and on their training shapes only: vLLM, whose attention forward runs
+``reshape_and_cache_flash`` before its prefill kernel, and AIConfigurator's collector times
+that forward (ai-dynamo/aiconfigurator collector/vllm/collect_attn.py ``impl.forward``;
+vllm-project/vllm vllm/v1/attention/backends/flashinfer.py ``FlashInferImpl.forward``). In
+vLLM 0.24.0's B200 FP8-KV table the fit without it priced prompts of 128-1,024 tokens with 16
+or more query heads per KV head 26-101 % too slow and MHA layouts 7-17 % too fast (median per
+prompt length and group)."""
 """Engines whose grouped decode fits are offered the query copy of FlashAttention-2's
 varlen decode path (``OperatorFit.q_copy_us``), on the chosen terms and on their training
 shapes only: vLLM, which runs FA2 (``vllm_flash_attn_fa2``) on Ampere and Ada."""
@@ -363,8 +374,13 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
             rope: bool = False, block_sms: float = 0.0, qcopy: bool = False,
             slots: bool = False, head_block: int = 0, load_rows: float = 0.0,
-            depth: bool = False) -> OperatorFit:
+            depth: bool = False, kv_write: bool = False) -> OperatorFit:
     # ``slots`` (MoE) is a choice, not a fitted element (OperatorFit.slot_kernels).
+    # With ``kv_write`` (prefill attention) the very last element is log(kv_write_ps),
+    # stripped before all others (OperatorFit.kv_write_ps).
+    write_ps = min(_exp(x[-1]), 1e4) if kv_write else 0.0
+    if kv_write:
+        x = x[:-1]
     # With ``depth`` (GEMM families) the very last element is log(per_k_ps), stripped before
     # all others (OperatorFit.per_k_ps).
     per_k = min(_exp(x[-1]), 1e5) if depth else 0.0
@@ -459,7 +475,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        pack_gqa=pack_gqa and bool(tile_m),
                        tile_dispatch=dispatch if tile_n else "",
                        tile_load_rows=load_rows if tile_n and dispatch in TILE_CANDIDATES else 0.0,
-                       per_k_ps=per_k,
+                       per_k_ps=per_k, kv_write_ps=write_ps,
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
                        remote_slots=remote, slot_kernels=slots, head_tile=head_tile,
                        resident_blocks=block_sms or resident,
@@ -483,6 +499,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        kv_reread_share=round(f.kv_reread_share, 4),
                        tile_dispatch=f.tile_dispatch, moe_kernel=f.moe_kernel,
                        tile_load_rows=f.tile_load_rows, per_k_ps=sig4(f.per_k_ps),
+                       kv_write_ps=sig4(f.kv_write_ps),
                        group_limit=f.group_limit,
                        group_reread=round(f.group_reread, 4) if f.group_limit else 0.0,
                        group_row_share=round(f.group_row_share, 4) if f.group_limit else 1.0,
@@ -520,7 +537,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
         width: bool = False, rope: bool = False, block: bool = False,
         qcopy: bool = False, slots: bool = False, head_block: int = 0,
-        load_rows: float = 0.0, depth: bool = False) -> OperatorFit:
+        load_rows: float = 0.0, depth: bool = False, kv_write: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -559,7 +576,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     tile set (``dispatch`` in :data:`simulator.cost.roofline.TILE_CANDIDATES`) with
     ``load_rows``, its tiles' operand-load rows (``OperatorFit.tile_load_rows``); a GEMM
     family with ``depth``, a time per unit of each GEMM's depth k (``OperatorFit.per_k_ps``,
-    fitted)."""
+    fitted); prefill attention (not MLA) with ``kv_write``, a time per K/V element the
+    timed forward stores into the cache (``OperatorFit.kv_write_ps``, fitted)."""
     head_block = head_block if samples.decode and samples.heads is not None else 0
     qcopy = qcopy and bool(group_limit) and samples.decode and samples.tiles is not None
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
@@ -573,6 +591,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     decode_hd = decode_hd and samples.decode and samples.head_dim is not None
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     depth = depth and per_unit and samples.tiles is not None  # OperatorFit.per_k_ps
+    kv_write = kv_write and samples.prefill and samples.kv_written is not None
     width = width and bool(group_limit) and samples.decode and samples.head_dim is not None
     rope = rope and width
     block_sms = float(device.sm_count or 0) if (
@@ -587,6 +606,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     share = causal_shares(samples, start, device, idx)
     log_t = np.log(samples.seconds[idx])
     dep = gemm_depth(samples, idx)
+    wrote = kv_written(samples, idx)
     fill = samples.decode  # see the note above _to_fit
     hd = samples.head_dim[idx] if samples.head_dim is not None else None
 
@@ -595,14 +615,14 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
                         sustained, width, rope, block_sms, qcopy, slots, head_block, load_rows,
-                        depth)
+                        depth, kv_write)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
         qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
         if head_tile:  # the resident blocks are fitted: the multiplier follows them
             qx = _work(samples, model, device, idx)[1]
-        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm, dep)
+        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm, dep, wrote)
                       + extra_floor(samples, model, idx)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
@@ -628,7 +648,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([math.log(16.0)] if block_sms else []),
                        *([math.log(2.0)] if qcopy else []),
                        *([math.log(16.0), -1.0] if head_block else []),
-                       *([math.log(300.0)] if depth else [])])
+                       *([math.log(300.0)] if depth else []),
+                       *([math.log(2.0)] if kv_write else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -647,7 +668,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
-                            rope, block_sms, qcopy, slots, head_block, load_rows, depth))
+                            rope, block_sms, qcopy, slots, head_block, load_rows, depth,
+                            kv_write))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -666,7 +688,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                rope_kernel: bool = True, q_copy: bool = False,
                slot_kernels: bool = False,
                head_blocks: tuple[int, ...] = (),
-               gemm_depth_offered: bool = False) -> tuple[Samples, OperatorFit]:
+               gemm_depth_offered: bool = False,
+               kv_write: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -700,7 +723,9 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     ``OperatorFit.head_block``), each refitted on the chosen tiles with and without the
     warm L2; with ``gemm_depth_offered``, a GEMM family is refitted on its chosen terms,
     with and without the exposed share, with a time per unit of each GEMM's depth
-    (:data:`GEMM_DEPTH_TABLES`, ``OperatorFit.per_k_ps``).
+    (:data:`GEMM_DEPTH_TABLES`, ``OperatorFit.per_k_ps``); with ``kv_write``, every prefill
+    choice (not MLA) is also fitted with the time of storing the prompt's K/V into the cache
+    (:data:`KV_WRITE_ENGINES`, ``OperatorFit.kv_write_ps``).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -735,22 +760,25 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                    and family.tiles is not None else (False,))
     # Prefill attention: without and with a kernel's whole key blocks (OperatorFit.key_tiles).
     keys = ("", key_tiles) if key_tiles and family.prefill else ("",)
-    for (samples, unit), l2, others, key, slots in itertools.product(variants, l2s, remotes, keys,
-                                                                     slot_offers):
+    # Prefill attention: without and with the K/V store into the cache (OperatorFit.kv_write_ps).
+    writes = (False, True) if kv_write and family.kv_written is not None else (False,)
+    for (samples, unit), l2, others, key, slots, write in itertools.product(
+            variants, l2s, remotes, keys, slot_offers, writes):
         # FlashAttention-3's tiles come with its GQA packing (PACKED_KEY_TILES): the
         # causal fits too, which otherwise count one head per block.
         packed = key in PACKED_KEY_TILES
         for tile_m, tile_n, split_k in tiles:
             for pack in ((True,) if packed else packs) if tile_m else (False,):
                 consider(samples, unit, fit(samples, device, tile_m, tile_n, split_k, 0, pack,
-                                            l2=l2, remote=others, key_tiles=key, slots=slots))
+                                            l2=l2, remote=others, key_tiles=key, slots=slots,
+                                            kv_write=write))
             if causal and family.prefill and tile_m:  # OperatorFit.causal_tail
                 consider(samples, unit, fit(samples, device, tile_m, pack_gqa=packed,
-                                            causal=True, l2=l2, key_tiles=key))
+                                            causal=True, l2=l2, key_tiles=key, kv_write=write))
                 if family.head_dim is not None:  # the floor scales with the head dimension
                     consider(samples, unit, fit(samples, device, tile_m, pack_gqa=packed,
                                                 causal=True, softmax=True, l2=l2,
-                                                key_tiles=key))
+                                                key_tiles=key, kv_write=write))
         if family.heads is not None and device.sm_count:  # OperatorFit.head_tile
             for rows in head_tiles:
                 consider(samples, unit, fit(samples, device, WHOLE_CONTEXT, l2=l2,
@@ -821,7 +849,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 causal=bool(kept.causal_tail), softmax=bool(kept.softmax_dim),
                 l2=kept.l2_speedup != 1.0, remote=kept.remote_slots,
                 slots=kept.slot_kernels, exposed=share,
-                per_group=groups, key_tiles=kept.key_tiles, load_rows=kept.tile_load_rows))
+                per_group=groups, key_tiles=kept.key_tiles, load_rows=kept.tile_load_rows,
+                kv_write=bool(kept.kv_write_ps)))
     if family.op.startswith("gemm") and family.tiles is not None:
         # The chosen terms with the lower rate of a long kernel (OperatorFit.sustained_us).
         kept = best[2]
@@ -1052,7 +1081,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                head_blocks=HEAD_BLOCK_TABLES.get(engine, {}).get(
                                    device.kernel_tables or "", ()),
                                gemm_depth_offered=device.kernel_tables in GEMM_DEPTH_TABLES.get(
-                                   engine, ()))
+                                   engine, ()),
+                               kv_write=engine in KV_WRITE_ENGINES)
         if family.op in prefill_only:
             # Without the rows the engine runs on its decode kernel (kernel_fit_samples.
             # DECODE_PATH_KERNELS): kept where it prices the prefill kernel's own training
@@ -1060,7 +1090,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
             other = prefill_only[family.op]
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels,
                                 engine in CAUSAL_ENGINES, remote, head_tiles,
-                                key_tiles=key_tile_choice(engine, device, family.op))
+                                key_tiles=key_tile_choice(engine, device, family.op),
+                                kv_write=engine in KV_WRITE_ENGINES)
             if training_ape(other, device, f0) < training_ape(other, device, fitted):
                 s, fitted = s0, f0
         each = {family.routing: (s, fitted)}

@@ -138,6 +138,12 @@ def gemm_depth(samples: Samples, idx: np.ndarray) -> Any:
     return 0.0
 
 
+def kv_written(samples: Samples, idx: np.ndarray) -> Any:
+    """Each measured prefill's K/V elements stored into the cache (priced at
+    ``OperatorFit.kv_write_ps``), 0 for the other families."""
+    return samples.kv_written[idx] if samples.kv_written is not None else 0.0
+
+
 def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
     """Seconds added to ``fitted.seconds`` of ``samples[idx]``: decode attention outside its
     grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`), and the
@@ -184,7 +190,7 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
                                      device.memory_bandwidth, flops(samples, fitted, idx) * fscale,
                                      nbytes * scale, units, rows, quant, warm,
-                                     gemm_depth(samples, idx))
+                                     gemm_depth(samples, idx), kv_written(samples, idx))
                       + extra_floor(samples, fitted, idx))
 
 

@@ -36,7 +36,7 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                         "per_unit_ns", "head_tile", "resident_blocks", "exposed", "per_group_ns",
                         "group_row_step", "group_row_head_dim_exp", "rope_kernel_us",
                         "block_gbs", "q_copy_us", "head_block", "head_block_rows",
-                        "head_block_reread", "tile_load_rows", "per_k_ps"):
+                        "head_block_reread", "tile_load_rows", "per_k_ps", "kv_write_ps"):
                 if not dumped[off]:
                     del dumped[off]
             if not dumped["sustained_us"]:

@@ -79,6 +79,9 @@ class Samples:
     layout: np.ndarray | None = None
     """MoE: the model layout of each row (``hidden/inter/topk/experts``), the unit the
     collector was run per (:func:`mixed_routing`)."""
+    kv_written: np.ndarray | None = None
+    """Prefill attention (not MLA): the elements of K and V the timed forward stores into
+    the KV cache, ``2 x KV heads x head dim`` per prompt token (``OperatorFit.kv_write_ps``)."""
 
     @property
     def prefill(self) -> bool:
@@ -188,7 +191,9 @@ def attention_samples(folder: Path, split_kv: bool = True,
         batch, isl, step, heads, kvh, hd = (a[c].to_numpy(float) for c in shape[:6])
         kvb = a["kv_cache_dtype"].map({"bfloat16": 2.0, "fp8": 1.0}).to_numpy(float)
         tiles: tuple[np.ndarray, ...]
+        written = None
         if op == "attention_prefill":
+            written = batch * isl * 2 * kvh * hd
             pairs = isl * (isl + 1) / 2
             flops = 4 * heads * hd * pairs * batch
             nbytes = batch * isl * (2 * kvh * hd * kvb + 2 * heads * hd * 2)
@@ -211,7 +216,7 @@ def attention_samples(folder: Path, split_kv: bool = True,
                         _held_out(keys), f"{folder}/{name}",
                         batch * kvh if op == "attention_decode" else None, tiles,
                         hd, heads / kvh if op == "attention_decode" else None, kv_bytes,
-                        footprint)
+                        footprint, kv_written=written)
         if not split_kv:
             out.append(whole)
             continue
@@ -299,7 +304,7 @@ def _subset(s: Samples, mask: np.ndarray, op: str) -> Samples:
                    s.seconds[mask], s.held_out[mask], f"{s.source} ({op})", cut(s.kv_rows),
                    tiles, cut(s.head_dim), cut(s.group), cut(s.kv_bytes), cut(s.footprint),
                    heads=cut(s.heads), remote=cut(s.remote),
-                   routing=s.routing, layout=cut(s.layout))
+                   routing=s.routing, layout=cut(s.layout), kv_written=cut(s.kv_written))
 
 
 NON_GATED_LAYOUTS = ((22, 512, None, None), (6, 128, 2688, 1856))
