@@ -95,10 +95,10 @@ def test_a_prefill_step_pays_the_kv_store_of_its_prompt() -> None:
         model.num_layers * elements * 1000e-12, rel=1e-6)
 
 
-def test_the_kv_store_is_offered_to_vllms_prefill_fits() -> None:
-    from simulator.validation.kernel_fit import KV_WRITE_ENGINES
+def test_the_kv_store_is_offered_to_vllms_blackwell_prefill_fits() -> None:
+    from simulator.validation.kernel_fit import BLACKWELL_TABLES, KV_WRITE_TABLES
 
-    assert KV_WRITE_ENGINES == ("vllm",)
+    assert KV_WRITE_TABLES == {"vllm": BLACKWELL_TABLES}
 
 
 @pytest.mark.kernels  # deselected by default; `pytest -m kernels` with the extra installed

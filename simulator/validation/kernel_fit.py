@@ -148,16 +148,17 @@ TensorRT-LLM's L40S FP8-KV tables stream in proportion to the sequences at long 
 GB/s for 1 / 2 / 4 / 8 sequences; with a BF16 KV cache one sequence streams 623 GB/s)."""
 ROW_WIDTH_ENGINES = ("trtllm",)
 Q_COPY_ENGINES = ("vllm",)
-KV_WRITE_ENGINES = ("vllm",)
-"""Engines whose prefill-attention fits (not MLA) are offered the time of storing the
-prompt's K and V into the paged cache (``OperatorFit.kv_write_ps``), with every prefill
-choice and on their training shapes only: vLLM, whose attention forward runs
-``reshape_and_cache_flash`` before its prefill kernel, and AIConfigurator's collector times
-that forward (ai-dynamo/aiconfigurator collector/vllm/collect_attn.py ``impl.forward``;
-vllm-project/vllm vllm/v1/attention/backends/flashinfer.py ``FlashInferImpl.forward``). In
-vLLM 0.24.0's B200 FP8-KV table the fit without it priced prompts of 128-1,024 tokens with 16
-or more query heads per KV head 26-101 % too slow and MHA layouts 7-17 % too fast (median per
-prompt length and group)."""
+
+KV_WRITE_TABLES: dict[str, tuple[str, ...]] = {"vllm": BLACKWELL_TABLES}
+"""Tables (per engine) whose prefill-attention fits (not MLA) are offered the time of storing
+the prompt's K and V into the paged cache (``OperatorFit.kv_write_ps``), with every prefill
+choice and on their training shapes only: vLLM's FlashInfer backend on B200 and GB200, whose
+forward runs ``reshape_and_cache_flash`` before TensorRT-LLM's prefill kernel
+(vllm-project/vllm vllm/v1/attention/backends/flashinfer.py ``FlashInferImpl.forward``), and
+AIConfigurator's collector times that forward (ai-dynamo/aiconfigurator
+collector/vllm/collect_attn.py ``impl.forward``). In vLLM 0.24.0's B200 FP8-KV table the fit
+without it priced prompts of 128-1,024 tokens with 16 or more query heads per KV head
+26-101 % too slow and MHA layouts 7-17 % too fast (median per prompt length and group)."""
 """Engines whose grouped decode fits are offered the query copy of FlashAttention-2's
 varlen decode path (``OperatorFit.q_copy_us``), on the chosen terms and on their training
 shapes only: vLLM, which runs FA2 (``vllm_flash_attn_fa2``) on Ampere and Ada."""
@@ -725,7 +726,7 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     with and without the exposed share, with a time per unit of each GEMM's depth
     (:data:`GEMM_DEPTH_TABLES`, ``OperatorFit.per_k_ps``); with ``kv_write``, every prefill
     choice (not MLA) is also fitted with the time of storing the prompt's K/V into the cache
-    (:data:`KV_WRITE_ENGINES`, ``OperatorFit.kv_write_ps``).
+    (:data:`KV_WRITE_TABLES`, ``OperatorFit.kv_write_ps``).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -1082,7 +1083,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                    device.kernel_tables or "", ()),
                                gemm_depth_offered=device.kernel_tables in GEMM_DEPTH_TABLES.get(
                                    engine, ()),
-                               kv_write=engine in KV_WRITE_ENGINES)
+                               kv_write=device.kernel_tables in KV_WRITE_TABLES.get(engine, ()))
         if family.op in prefill_only:
             # Without the rows the engine runs on its decode kernel (kernel_fit_samples.
             # DECODE_PATH_KERNELS): kept where it prices the prefill kernel's own training
@@ -1091,7 +1092,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels,
                                 engine in CAUSAL_ENGINES, remote, head_tiles,
                                 key_tiles=key_tile_choice(engine, device, family.op),
-                                kv_write=engine in KV_WRITE_ENGINES)
+                                kv_write=device.kernel_tables in KV_WRITE_TABLES.get(engine, ()))
             if training_ape(other, device, f0) < training_ape(other, device, fitted):
                 s, fitted = s0, f0
         each = {family.routing: (s, fitted)}
