@@ -31,7 +31,11 @@ from simulator.cost.roofline import (
     scalar_quantisation,
     whole_context_quantisation,
 )
-from simulator.hardware.operator_fits import OperatorFit, few_token_batch
+from simulator.hardware.operator_fits import (
+    OperatorFit,
+    expanded_activation_blocks,
+    few_token_batch,
+)
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
 
@@ -304,7 +308,7 @@ class OperatorPricing:
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
             label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
             quant: float = 1.0, groups: float = 0.0, fit_label: str | None = None,
-            depth: float = 0.0, written: float = 0.0) -> None:
+            depth: float = 0.0, written: float = 0.0, blocks: float = 0.0) -> None:
         """The roofline of one operator, added ``times`` times to ``acc``.
 
         ``key`` describes the operator's shape for predictors that look it up in measured
@@ -315,15 +319,16 @@ class OperatorPricing:
         when it is not ``label``'s (the MoE batches of SGLang's default Triton blocks);
         ``depth``, the sum of a GEMM group's depths ``k`` (:attr:`OperatorFit.per_k_ps`);
         ``written``, the K/V elements prefill attention stores into the cache
-        (:attr:`OperatorFit.kv_write_ps`).
+        (:attr:`OperatorFit.kv_write_ps`); ``blocks``, the thread-block iterations of a
+        fused MoE's expanded-space activation kernel (:meth:`OperatorFit.expanded_seconds`).
         """
         acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant, groups,
-                                   fit_label, depth, written), times, label)
+                                   fit_label, depth, written, blocks), times, label)
 
     def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
                   rows: float, quant: float = 1.0, groups: float = 0.0,
                   fit_label: str | None = None, depth: float = 0.0,
-                  written: float = 0.0) -> tuple[float, float, float]:
+                  written: float = 0.0, blocks: float = 0.0) -> tuple[float, float, float]:
         """(compute, memory, launch) seconds of one operator."""
         fit = self._fits.get(fit_label or label)
         if fit is not None:
@@ -337,7 +342,8 @@ class OperatorPricing:
             busy = fit.busy(compute, memory)  # the longer side and the shorter's exposed share
             exposed = busy - max(compute, memory)
             fixed = (float(fit.fixed(rows, busy, units * calls, depth, written))
-                     + (calls - 1) * fit.floor_us * 1e-6 + exposed + fit.group_seconds(groups))
+                     + (calls - 1) * fit.floor_us * 1e-6 + exposed + fit.group_seconds(groups)
+                     + fit.expanded_seconds(blocks))
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
             if compute >= memory:
                 return compute + fixed, memory, 0.0
@@ -505,10 +511,16 @@ class OperatorPricing:
             # Without a token exchange every rank holds every token; a kernel that writes
             # every routed slot (OperatorFit.remote_slots) writes the other ranks' too.
             rows += fit.remote_rows(max(routed - tokens_here, 0.0), 2 * width, h)
+        blocks = 0.0
+        if fit is not None and fit.expanded_block_ns and exchange is None:
+            # The activation kernel's blocks over every token's slots, the other ranks' too
+            # (OperatorFit.expanded_block_ns): every rank is handed every token.
+            blocks = float(expanded_activation_blocks(group_tokens, m.num_experts_per_token,
+                                                      width, self.device.sm_count or 0))
         # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
         quant = self._quant(label, (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
         self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, rows, float(quant),
-                 touched, fit_label=label)
+                 touched, fit_label=label, blocks=blocks)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts

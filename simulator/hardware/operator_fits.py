@@ -118,6 +118,37 @@ def few_token_batch(tokens: Any, experts: Any) -> Any:
     return tokens <= experts
 
 
+
+EXPANDED_SCALE_BLOCK = 128
+"""Columns of one FP8 scale block of the DeepSeek-style block-scaled activation (one thread
+block's columns in the expanded-space activation kernel, :func:`expanded_activation_blocks`)."""
+
+
+def expanded_activation_blocks(tokens: Any, topk: Any, intermediate: Any, sm_count: int) -> Any:
+    """Thread-block iterations of the separate SwiGLU + FP8 re-quantisation kernel that
+    FlashInfer's TensorRT-LLM-gen fused MoE runs between its two grouped GEMMs for
+    block-scaled FP8 experts (``activationDeepSeekKernel``; flashinfer-ai/flashinfer
+    csrc/trtllm_fused_moe_dev_kernel.cu, ``activation::run`` with ``mUseDeepSeekFp8``).
+
+    The kernel grids over the *expanded* slots of the whole batch the kernel is handed,
+    ``tokens`` x ``topk``, not over the rank's own rows: one 128-thread block per
+    (128-column scale block of the ``intermediate`` output columns, group of tokens, top-k
+    slot), each looking its slot up in ``expandedIdxToPermutedIdx`` and running a block-wide
+    max reduction and a barrier whether or not the slot is on the rank (-1: another rank's
+    expert). Tokens per block: 4 where ``scale blocks x tokens x topk`` exceeds 32 x the SMs,
+    2 above 4 x the SMs, else 1 (the launcher's heuristic). Under expert parallelism without a
+    token exchange every rank is handed every token, so the count does not fall with EP while
+    the rank's own rows do. (TensorRT-LLM later added a kernel over the permuted rows for that
+    reason: NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/trtllmGenKernels/blockScaleMoe/
+    DevKernel.cu, ``activationDeepSeekPermutedKernel``.)"""
+    blocks = np.ceil(np.asarray(intermediate, dtype=float) / EXPANDED_SCALE_BLOCK)
+    tok, k = np.asarray(tokens, dtype=float), np.asarray(topk, dtype=float)
+    launched = blocks * tok * k
+    per_block = np.where(launched > 32 * sm_count, 4.0, np.where(launched > 4 * sm_count,
+                                                                 2.0, 1.0))
+    out = blocks * np.ceil(tok / per_block) * k * (tok > 0)
+    return out if out.ndim else float(out)
+
 def moe_fit_labels(engine: str | None, tables: str | None, architecture: str, precision: str,
                    experts: float, intermediate: float,
                    deepep: bool) -> tuple[tuple[str, ...], str | None]:
@@ -305,6 +336,16 @@ class OperatorFit(Frozen):
         "tile schedule, its input rows gathered through the permutation, its scales), so "
         "256 experts of a few tokens each take longer than 8 experts of the same tokens and "
         "weights. 0 where the tables show no such term (the fit decides)."))
+    expanded_block_ns: float = Field(0.0, ge=0, description=(
+        "MoE families on FlashInfer's TensorRT-LLM-gen fused MoE with block-scaled FP8 "
+        "experts: time per thread-block iteration of its separate SwiGLU + FP8 "
+        "re-quantisation kernel, nanoseconds (0: off). That kernel grids over the expanded "
+        "slots of the whole batch, tokens x top-k x 128-column scale blocks of the rank's "
+        "intermediate columns (:func:`expanded_activation_blocks`), and each block looks "
+        "its slot up and runs a block-wide reduction whether or not the slot's expert is on "
+        "the rank (flashinfer csrc/trtllm_fused_moe_dev_kernel.cu, "
+        "`activationDeepSeekKernel`), so under expert parallelism its time follows the "
+        "batch, not the rank's rows (:meth:`expanded_seconds`)."))
     row_unit: Literal["query_head", "kv_head"] = Field("query_head", description=(
         "Decode attention only: what one row of per-row work is, a (sequence, query head) "
         "pair, or a (sequence, KV head) pair (grouped-query decode kernels that process the "
@@ -899,6 +940,11 @@ class OperatorFit(Frozen):
         """Seconds of ``groups`` experts hit on the rank (:attr:`per_group_ns`)."""
         return groups * self.per_group_ns * 1e-9 if self.per_group_ns else 0.0
 
+    def expanded_seconds(self, blocks: Any) -> Any:
+        """Seconds of ``blocks`` thread-block iterations of the expanded-space activation
+        kernel (:attr:`expanded_block_ns`, :func:`expanded_activation_blocks`)."""
+        return blocks * self.expanded_block_ns * 1e-9 if self.expanded_block_ns else 0.0
+
     def busy(self, compute: Any, memory: Any) -> Any:
         """The larger of ``compute`` and ``memory`` plus the exposed share of the smaller
         (:attr:`exposed`); never decreases in either."""
@@ -997,6 +1043,9 @@ class OperatorFits(Frozen):
             if fit.per_group_ns and not family.startswith("moe"):
                 raise ValueError(f"fits.{family}.per_group_ns: only MoE families (moe*) "
                                  f"take it; got {fit.per_group_ns}")
+            if fit.expanded_block_ns and not family.startswith("moe"):
+                raise ValueError(f"fits.{family}.expanded_block_ns: only MoE families (moe*) "
+                                 f"take it; got {fit.expanded_block_ns}")
             if fit.per_k_ps and not family.startswith("gemm"):
                 raise ValueError(f"fits.{family}.per_k_ps: only GEMM families (gemm*) "
                                  f"take it; got {fit.per_k_ps}")

@@ -287,6 +287,24 @@ moving elements per slot on the rank. On TensorRT-LLM 1.3.0rc20's tables every M
 took it but L40S FP8 (H200 BF16 training shapes 8.7 -> 5.4 %, median APE of the thinned
 training set); vLLM's and SGLang's Triton kernel gathers its rows inside the GEMM and is not
 offered it."""
+EXPANDED_ACTIVATION_FAMILIES: dict[str, tuple[str, ...]] = {
+    "sglang": ("moe_fp8_flashinfer_trtllm",)}
+"""MoE families (per engine) offered a time per thread-block iteration of the
+expanded-space activation kernel (``OperatorFit.expanded_block_ns``), on their chosen terms
+and on their training shapes only: block-scaled FP8 experts on FlashInfer's TensorRT-LLM-gen
+fused MoE, SGLang's on Blackwell, whose SwiGLU + FP8 re-quantisation between the two grouped
+GEMMs is a kernel of its own gridded over the whole batch's tokens x top-k slots x
+128-column scale blocks (flashinfer csrc/trtllm_fused_moe_dev_kernel.cu,
+``activationDeepSeekKernel``; :func:`simulator.hardware.operator_fits.
+expanded_activation_blocks`). The collector hands the kernel the whole batch at every EP
+size (ai-dynamo/aiconfigurator collector/sglang/collect_moe.py, the FusedMoE path of the
+``flashinfer_trtllm`` backend: every token's router logits over all experts, rank 0's
+experts local), and SGLang 0.5.14's B200 tables show the time following the batch where the
+rank's rows shrink: hidden 6,144, top-8 of 256, intermediate 2,048, TP 1, EP 256 (one expert
+on the rank, 512 of the 131,072 slots) takes 1,030 us at 16,384 tokens and 519 us at 8,192,
+and per further token at the largest EP of each TP 62, 41, 31 and 26 ns at TP 1, 2, 4 and 8
+(16, 8, 4 and 2 scale blocks per slot). The fit without the term priced EP 256 a median
+30 % too fast."""
 KEY_TILE_ENGINES: dict[str, tuple[str, tuple[str, ...]]] = {
     "vllm": ("fa3_sm90", HOPPER_TABLES), "sglang": ("fa3_sm90", HOPPER_TABLES),
     "trtllm": ("fmha_v2_sm90", HOPPER_TABLES)}
@@ -375,15 +393,21 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
             rope: bool = False, block_sms: float = 0.0, qcopy: bool = False,
             slots: bool = False, head_block: int = 0, load_rows: float = 0.0,
-            depth: bool = False, kv_write: bool = False) -> OperatorFit:
+            depth: bool = False, kv_write: bool = False,
+            expanded: bool = False) -> OperatorFit:
     # ``slots`` (MoE) is a choice, not a fitted element (OperatorFit.slot_kernels).
-    # With ``kv_write`` (prefill attention) the very last element is log(kv_write_ps),
-    # stripped before all others (OperatorFit.kv_write_ps).
+    # With ``expanded`` (MoE) the very last element is log(expanded_block_ns), stripped
+    # before all others (OperatorFit.expanded_block_ns); with ``kv_write`` (prefill
+    # attention) the last element left is log(kv_write_ps), stripped next
+    # (OperatorFit.kv_write_ps).
+    expanded_ns = min(_exp(x[-1]), 1e4) if expanded else 0.0
+    if expanded:
+        x = x[:-1]
     write_ps = min(_exp(x[-1]), 1e4) if kv_write else 0.0
     if kv_write:
         x = x[:-1]
-    # With ``depth`` (GEMM families) the very last element is log(per_k_ps), stripped before
-    # all others (OperatorFit.per_k_ps).
+    # With ``depth`` (GEMM families) the last element left is log(per_k_ps), stripped next
+    # (OperatorFit.per_k_ps).
     per_k = min(_exp(x[-1]), 1e5) if depth else 0.0
     if depth:
         x = x[:-1]
@@ -480,7 +504,8 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        moe_kernel=moe_kernel if tile_n else "", l2_speedup=speedup,
                        remote_slots=remote, slot_kernels=slots, head_tile=head_tile,
                        resident_blocks=block_sms or resident,
-                       exposed=share, per_group_ns=group_ns, sustained_us=after_us,
+                       exposed=share, per_group_ns=group_ns, expanded_block_ns=expanded_ns,
+                       sustained_us=after_us,
                        sustained_rate=rate, key_tiles=key_tiles,  # type: ignore[arg-type]
                        block_gbs=block_gbs, head_block=head_block, head_block_rows=block_rows,
                        head_block_reread=block_reread)
@@ -519,6 +544,7 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                        slot_kernels=f.slot_kernels,
                        head_tile=f.head_tile, resident_blocks=sig4(f.resident_blocks),
                        exposed=round(f.exposed, 4), per_group_ns=sig4(f.per_group_ns),
+                       expanded_block_ns=sig4(f.expanded_block_ns),
                        sustained_us=sig4(f.sustained_us) if f.sustained_rate < 1 else 0.0,
                        sustained_rate=round(f.sustained_rate, 4) if f.sustained_us else 1.0,
                        key_tiles=f.key_tiles, block_gbs=sig4(f.block_gbs),
@@ -538,7 +564,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         key_tiles: str = "", decode_hd: bool = False, sustained: bool = False,
         width: bool = False, rope: bool = False, block: bool = False,
         qcopy: bool = False, slots: bool = False, head_block: int = 0,
-        load_rows: float = 0.0, depth: bool = False, kv_write: bool = False) -> OperatorFit:
+        load_rows: float = 0.0, depth: bool = False, kv_write: bool = False,
+        expanded: bool = False) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -578,7 +605,10 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     ``load_rows``, its tiles' operand-load rows (``OperatorFit.tile_load_rows``); a GEMM
     family with ``depth``, a time per unit of each GEMM's depth k (``OperatorFit.per_k_ps``,
     fitted); prefill attention (not MLA) with ``kv_write``, a time per K/V element the
-    timed forward stores into the cache (``OperatorFit.kv_write_ps``, fitted)."""
+    timed forward stores into the cache (``OperatorFit.kv_write_ps``, fitted); a MoE family
+    with ``expanded``, a time per thread-block iteration of the expanded-space activation
+    kernel (``OperatorFit.expanded_block_ns``, fitted; the samples need their ``batch`` and
+    the device its ``sm_count``)."""
     head_block = head_block if samples.decode and samples.heads is not None else 0
     qcopy = qcopy and bool(group_limit) and samples.decode and samples.tiles is not None
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
@@ -593,6 +623,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     per_unit = samples.op.startswith("gemm")  # OperatorFit.per_unit_ns
     depth = depth and per_unit and samples.tiles is not None  # OperatorFit.per_k_ps
     kv_write = kv_write and samples.prefill and samples.kv_written is not None
+    expanded = (expanded and samples.op.startswith("moe") and samples.batch is not None
+                and bool(device.sm_count))  # OperatorFit.expanded_block_ns
     width = width and bool(group_limit) and samples.decode and samples.head_dim is not None
     rope = rope and width
     block_sms = float(device.sm_count or 0) if (
@@ -616,7 +648,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
                         sustained, width, rope, block_sms, qcopy, slots, head_block, load_rows,
-                        depth, kv_write)
+                        depth, kv_write, expanded)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
@@ -624,7 +656,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         if head_tile:  # the resident blocks are fitted: the multiplier follows them
             qx = _work(samples, model, device, idx)[1]
         return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm, dep, wrote)
-                      + extra_floor(samples, model, idx)) - log_t
+                      + extra_floor(samples, model, idx, device)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
     group_start = (_GROUP_START + _KERNEL_START * floors) if overlap else _GROUP_START[:2]
@@ -650,7 +682,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([math.log(2.0)] if qcopy else []),
                        *([math.log(16.0), -1.0] if head_block else []),
                        *([math.log(300.0)] if depth else []),
-                       *([math.log(2.0)] if kv_write else [])])
+                       *([math.log(2.0)] if kv_write else []),
+                       *([math.log(1.0)] if expanded else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
@@ -670,7 +703,7 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
                             rope, block_sms, qcopy, slots, head_block, load_rows, depth,
-                            kv_write))
+                            kv_write, expanded))
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -690,7 +723,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                slot_kernels: bool = False,
                head_blocks: tuple[int, ...] = (),
                gemm_depth_offered: bool = False,
-               kv_write: bool = False) -> tuple[Samples, OperatorFit]:
+               kv_write: bool = False,
+               expanded_offered: bool = False) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -726,7 +760,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     with and without the exposed share, with a time per unit of each GEMM's depth
     (:data:`GEMM_DEPTH_TABLES`, ``OperatorFit.per_k_ps``); with ``kv_write``, every prefill
     choice (not MLA) is also fitted with the time of storing the prompt's K/V into the cache
-    (:data:`KV_WRITE_TABLES`, ``OperatorFit.kv_write_ps``).
+    (:data:`KV_WRITE_TABLES`, ``OperatorFit.kv_write_ps``); with ``expanded_offered``, a MoE
+    family is refitted on its chosen terms, with its chosen and with both the exposed share
+    and the time per expert, with a time per thread-block iteration of the expanded-space
+    activation kernel (:data:`EXPANDED_ACTIVATION_FAMILIES`, ``OperatorFit.expanded_block_ns``).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -852,6 +889,18 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 slots=kept.slot_kernels, exposed=share,
                 per_group=groups, key_tiles=kept.key_tiles, load_rows=kept.tile_load_rows,
                 kv_write=bool(kept.kv_write_ps)))
+    if (expanded_offered and family.op.startswith("moe") and family.tiles is not None
+            and family.batch is not None and device.sm_count):
+        # The chosen terms with the expanded-space activation kernel's blocks
+        # (OperatorFit.expanded_block_ns), with the chosen and with both per-kernel terms.
+        kept = best[2]
+        for share, groups in sorted({(bool(kept.exposed), bool(kept.per_group_ns)),
+                                     (True, True)}):
+            consider(best[1], kept.row_unit, fit(
+                best[1], device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
+                moe_kernel=kept.moe_kernel, l2=kept.l2_speedup != 1.0,
+                remote=kept.remote_slots, slots=kept.slot_kernels, exposed=share,
+                per_group=groups, expanded=True))
     if family.op.startswith("gemm") and family.tiles is not None:
         # The chosen terms with the lower rate of a long kernel (OperatorFit.sustained_us).
         kept = best[2]
@@ -945,9 +994,10 @@ def layout_loads(fitted: dict[str, tuple[Samples, OperatorFit]], device: DeviceP
 
 
 def _refit(samples: Samples, device: DeviceProfile, dispatches: tuple[str, ...],
-           moe_kernels: tuple[str, ...], remote: bool) -> OperatorFit:
+           moe_kernels: tuple[str, ...], remote: bool, expanded: bool = False) -> OperatorFit:
     """A MoE family's fit on ``samples``, as :func:`fit_device` fits each load."""
-    return fit_family(samples, device, dispatches, (), moe_kernels, remote=remote)[1]
+    return fit_family(samples, device, dispatches, (), moe_kernels, remote=remote,
+                      expanded_offered=expanded)[1]
 
 
 def per_layout_fit(fitted: dict[str, tuple[Samples, OperatorFit]], best: tuple[Samples, OperatorFit],
@@ -1067,6 +1117,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         moe_kernels = (MOE_KERNEL_CHOICES.get((engine, family.op), ())
                        if device.kernel_tables in HOPPER_TABLES else ())
         remote = engine in REMOTE_SLOT_ENGINES
+        expanded = family.op in EXPANDED_ACTIVATION_FAMILIES.get(engine, ())
         head_tiles = (HEAD_TILE_CHOICES if device.kernel_tables in FMHA_MLA_DECODE_TABLES.get(
             engine, ()) else ())
         s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
@@ -1083,7 +1134,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                    device.kernel_tables or "", ()),
                                gemm_depth_offered=device.kernel_tables in GEMM_DEPTH_TABLES.get(
                                    engine, ()),
-                               kv_write=device.kernel_tables in KV_WRITE_TABLES.get(engine, ()))
+                               kv_write=device.kernel_tables in KV_WRITE_TABLES.get(engine, ()),
+                               expanded_offered=expanded)
         if family.op in prefill_only:
             # Without the rows the engine runs on its decode kernel (kernel_fit_samples.
             # DECODE_PATH_KERNELS): kept where it prices the prefill kernel's own training
@@ -1098,7 +1150,8 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         each = {family.routing: (s, fitted)}
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote,
-                                slot_kernels=engine in SLOT_KERNEL_ENGINES)
+                                slot_kernels=engine in SLOT_KERNEL_ENGINES,
+                                expanded_offered=expanded)
             each[other.routing] = (s0, f0)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):
                 s, fitted = s0, f0
@@ -1106,7 +1159,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         if engine in PER_LAYOUT_ROUTING_ENGINES and len(each) > 1:
             s, fitted, chosen = per_layout_fit(each, (s, fitted), device, functools.partial(
                 _refit, device=device, dispatches=dispatches, moe_kernels=moe_kernels,
-                remote=remote))
+                remote=remote, expanded=expanded))
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         if s.op in loads:

@@ -22,6 +22,7 @@ from simulator.hardware.operator_fits import (
     HEAD_DIM_REF,
     WHOLE_CONTEXT,
     OperatorFit,
+    expanded_activation_blocks,
     key_tile_extra,
 )
 from simulator.hardware.profiles import DeviceProfile
@@ -144,15 +145,23 @@ def kv_written(samples: Samples, idx: np.ndarray) -> Any:
     return samples.kv_written[idx] if samples.kv_written is not None else 0.0
 
 
-def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray) -> Any:
+def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray,
+                device: DeviceProfile | None = None) -> Any:
     """Seconds added to ``fitted.seconds`` of ``samples[idx]``: decode attention outside its
     grouped kernel has a floor of its own (:meth:`OperatorFit.decode_floor`), and the
     grouped kernel's shapes that ran a separate RoPE kernel pay it
     (:meth:`OperatorFit.rope_floor`); a MoE family
     pays per expert hit on the rank (:meth:`OperatorFit.group_seconds`, the experts are the
-    first of its tile dimensions)."""
-    if fitted.per_group_ns and samples.tiles is not None and samples.op.startswith("moe"):
-        return fitted.group_seconds(samples.tiles[0][idx])
+    first of its tile dimensions) and, on ``device``, per thread-block iteration of the
+    expanded-space activation kernel (:meth:`OperatorFit.expanded_seconds`; the samples'
+    ``batch`` and the intermediate columns, half the third tile dimension)."""
+    if samples.op.startswith("moe") and samples.tiles is not None:
+        extra = fitted.group_seconds(samples.tiles[0][idx]) if fitted.per_group_ns else 0.0
+        if fitted.expanded_block_ns and samples.batch is not None and device is not None:
+            tokens, topk = (a[idx] for a in samples.batch)
+            extra = extra + fitted.expanded_seconds(expanded_activation_blocks(
+                tokens, topk, samples.tiles[2][idx] / 2.0, device.sm_count or 0))
+        return extra
     if not (samples.decode and fitted.group_limit and samples.group is not None):
         return 0.0
     # The measured shapes' separate RoPE kernel (OperatorFit.rope_kernel_us): the fit's only.
@@ -191,7 +200,7 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
                                      device.memory_bandwidth, flops(samples, fitted, idx) * fscale,
                                      nbytes * scale, units, rows, quant, warm,
                                      gemm_depth(samples, idx), kv_written(samples, idx))
-                      + extra_floor(samples, fitted, idx))
+                      + extra_floor(samples, fitted, idx, device))
 
 
 def training_ape(samples: Samples, device: DeviceProfile, fitted: OperatorFit | None) -> float:

@@ -34,6 +34,7 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
             for off in ("tile_m", "tile_n", "split_k", "tile_k0", "pack_gqa", "head_dim_exp",
                         "tile_dispatch", "moe_kernel", "causal_tail", "softmax_dim",
                         "per_unit_ns", "head_tile", "resident_blocks", "exposed", "per_group_ns",
+                        "expanded_block_ns",
                         "group_row_step", "group_row_head_dim_exp", "rope_kernel_us",
                         "block_gbs", "q_copy_us", "head_block", "head_block_rows",
                         "head_block_reread", "tile_load_rows", "per_k_ps", "kv_write_ps"):

@@ -82,6 +82,10 @@ class Samples:
     kv_written: np.ndarray | None = None
     """Prefill attention (not MLA): the elements of K and V the timed forward stores into
     the KV cache, ``2 x KV heads x head dim`` per prompt token (``OperatorFit.kv_write_ps``)."""
+    batch: tuple[np.ndarray, np.ndarray] | None = None
+    """MoE: the tokens handed to the kernel (the whole batch; with the ``rank0_clamped`` load
+    the tokens with a slot on the timed rank) and each token's routed slots (top-k), the
+    expanded space of ``OperatorFit.expanded_block_ns``."""
 
     @property
     def prefill(self) -> bool:
@@ -462,7 +466,8 @@ def moe_samples(folder: Path, routing: str = "expected",
                                   2 * inter / tp, h),
                            remote=None if remote is None else np.maximum(remote - tokens_here, 0.0),
                            routing=routing,
-                           layout=p[shape[1:5]].astype(str).agg("/".join, axis=1).to_numpy()))
+                           layout=p[shape[1:5]].astype(str).agg("/".join, axis=1).to_numpy(),
+                           batch=(rows / h, topk)))
     return out
 
 
@@ -489,6 +494,12 @@ def mixed_routing(loads: dict[str, Samples], choice: dict[str, str], default: st
     tiles = tuple(np.select([picks[r] for r in loads], [s.tiles[i] for s in loads.values()
                                                         if s.tiles is not None])
                   for i in range(len(ref.tiles)))
+    batch = None
+    if all(s.batch is not None for s in loads.values()):
+        batch = tuple(np.select([picks[r] for r in loads], [s.batch[i] for s in loads.values()
+                                                            if s.batch is not None])
+                      for i in range(2))
     return Samples(ref.op, ref.precision, pick("flops"), pick("nbytes"), pick("units"),
                    pick("rows"), ref.seconds, ref.held_out, f"{ref.source} (per-layout load)",
-                   tiles=tiles, remote=pick("remote"), routing="per_layout", layout=ref.layout)
+                   tiles=tiles, remote=pick("remote"), routing="per_layout", layout=ref.layout,
+                   batch=batch)  # type: ignore[arg-type]
