@@ -1051,3 +1051,36 @@ def test_only_moe_fits_take_the_expanded_activation_kernel() -> None:
     OperatorFits(source="t", fits={"moe_fp8_flashinfer_trtllm": fit})
     with pytest.raises(ValueError, match="expanded_block_ns"):
         OperatorFits(source="t", fits={"gemm": fit})
+
+
+def test_a_group_limited_router_puts_deepseeks_balanced_slots_on_the_first_experts() -> None:
+    """DeepSeek-V3's router (8 groups of 32 experts, 4 kept) on the collector's balanced
+    logits: every group holds one of a token's 8 high experts and scores alike, so groups 0-3
+    are kept and the 4 slots beyond their high experts go to the lowest experts. EP 2's rank
+    holds all 8 slots of every token (the plain balanced load: 4), EP 4's 6, EP 256's one
+    expert (expert 0) one slot of every token."""
+    from simulator.validation.kernel_fit_samples import (
+        balanced_rank0_grouped_load,
+        balanced_rank0_load,
+    )
+
+    ep = np.array([1.0, 2.0, 4.0, 64.0, 256.0])
+    args = (np.full(5, 16384.0), np.full(5, 256.0), np.full(5, 8.0), ep)
+    touched, slots = balanced_rank0_grouped_load(*args, groups=(8, 4))
+    assert (slots / 16384).tolist() == [8.0, 8.0, 6.0, 4.0, 1.0]
+    assert touched.tolist() == [128.0, 128.0, 64.0, 4.0, 1.0]
+    assert (balanced_rank0_load(*args)[1] / 16384).tolist() == [8.0, 4.0, 2.0, 0.125, 0.03125]
+
+
+def test_the_group_limited_load_prices_only_the_kernels_that_route_themselves(
+        tmp_path: Path) -> None:
+    """The rank-0 samples of DeepSeek-V3's layout take the group-limited load on FlashInfer's
+    TensorRT-LLM MoE (its kernel routes the logits with the model's groups) and the plain
+    balanced load on the Triton fused MoE (routed by the collector without groups)."""
+    rows = [(source, "fp8_block", 16384, 7168, 2048, 8, 256, 1, 4, "balanced", 5.0)
+            for source in ("sglang_flashinfer_trtllm_moe", "sglang_fused_moe_triton")]
+    _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
+    got = {s.op: s.units[0] for s in moe_samples(
+        tmp_path, "rank0", {"sglang_flashinfer_trtllm_moe": "_flashinfer_trtllm"},
+        fp8_dtype="fp8_block")}
+    assert got == {"moe_fp8_flashinfer_trtllm": 6 * 16384.0, "moe_fp8": 2 * 16384.0}

@@ -238,7 +238,9 @@ on B200, at the largest batch, the Triton MoE of Mixtral-8x7B / 8x22B and Gemma-
 of 128) takes 0.95-1.0 of its EP 1 time at EP 2 at every TP (every token keeps all its slots
 on the rank), where Llama-4's, the 256-expert top-8 layout's and the 128-expert top-4 layout's
 take 0.53-0.60; the FP8 block-scaled rows of DeepSeek-V3 (7,168 / 2,048, top-8 of 256) take
-1.00 on both kernels where the other FP8 layouts take 0.54-0.72."""
+1.00 on both kernels where the other FP8 layouts take 0.54-0.72 (on FlashInfer's TensorRT-LLM
+MoE the model's group-limited router puts every slot on the first 128 experts:
+:func:`~simulator.validation.kernel_fit_samples.balanced_rank0_grouped_load`)."""
 COLLECTOR_LOADS = ("rank0", "rank0_clamped")
 """The loads of the timed rank a layout may take in :func:`per_layout_fit`: the two ways the
 collector has timed EP > 1 (the expected load under random routing is the step model's, not a

@@ -360,6 +360,42 @@ def balanced_rank0_load(tokens: np.ndarray, experts: np.ndarray, topk: np.ndarra
     return load[:, 0], load[:, 1]
 
 
+GROUPED_ROUTING: dict[tuple[int, int, int, int], tuple[int, int]] = {(7168, 2048, 8, 256): (8, 4)}
+"""``(hidden, intermediate, topk, experts)`` of the MoE layouts whose router limits each
+token to ``topk_group`` of ``n_group`` expert groups, and those two numbers: DeepSeek-V3
+(``n_group`` 8, ``topk_group`` 4 in its Hugging Face config; ai-dynamo/aiconfigurator
+``collector/cases/models/DeepseekV3ForCausalLM_cases.yaml`` runs its cases with them). Where
+the fused MoE routes inside the kernel (:data:`ROUTING_KERNELS`) the collector's balanced
+logits pass through that routing (:func:`balanced_rank0_grouped_load`)."""
+ROUTING_KERNELS = ("_flashinfer_trtllm",)
+"""MoE families (the suffixes of :data:`simulator.validation.kernel_fit.MOE_KERNEL_FAMILIES`)
+whose kernel routes the router logits itself, with the model's routing method: FlashInfer's
+TensorRT-LLM-gen fused MoE, which SGLang's collector hands every token's logits over all
+experts (ai-dynamo/aiconfigurator collector/sglang/collect_moe.py, the FusedMoE path of the
+``flashinfer_trtllm`` backend, the ``TopK`` layer built with ``num_expert_group`` and
+``topk_group``)."""
+
+
+def balanced_rank0_grouped_load(tokens: np.ndarray, experts: np.ndarray, topk: np.ndarray,
+                                ep: np.ndarray, groups: tuple[int, int]
+                                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(experts hit, token slots)`` of EP rank 0 when the collector's balanced logits
+    (:func:`balanced_rank0_load`) pass through a group-limited router (``groups``:
+    ``(n_group, topk_group)``, :data:`GROUPED_ROUTING`). The balanced logits give each token
+    ``topk`` equal high scores ``ceil(E / topk)`` experts apart and every other expert one
+    equal low score, so with DeepSeek-V3's 256 experts in 8 groups of 32 each group holds one
+    high expert and all groups score alike: the router keeps ``topk_group`` groups and takes
+    their high experts and, for the rest of the ``topk`` slots, low ones, all ties going to
+    the lower index (groups 0-3, and experts 0-3 on almost every token). That is the load
+    SGLang 0.5.14's B200 table shows for DeepSeek-V3 on FlashInfer's TensorRT-LLM MoE: at
+    16,384 tokens and TP 1, EP 2 takes the time of EP 1 (12.27 against 12.26 ms: every slot
+    on the first 128 experts) and EP 4 0.77 of it (this load: 0.75), EP 64 0.54 (0.50)."""
+    out = [_rank0_load(int(t), int(e), int(k), int(p), groups=groups)
+           for t, e, k, p in zip(tokens, experts, topk, ep, strict=True)]
+    load = np.array(out, dtype=float).reshape(-1, 2)
+    return load[:, 0], load[:, 1]
+
+
 def balanced_rank0_clamped_load(tokens: np.ndarray, experts: np.ndarray, topk: np.ndarray,
                                 ep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(experts hit, token slots, tokens)`` of EP rank 0 under AIConfigurator's balanced
@@ -379,13 +415,23 @@ def balanced_rank0_clamped_load(tokens: np.ndarray, experts: np.ndarray, topk: n
 
 
 @functools.cache
-def _rank0_load(tokens: int, experts: int, topk: int, ep: int, clamped: bool = False
-                ) -> tuple[int, ...]:
+def _rank0_load(tokens: int, experts: int, topk: int, ep: int, clamped: bool = False,
+                groups: tuple[int, int] = (0, 0)) -> tuple[int, ...]:
     stride = math.ceil(experts / topk)
     t = np.arange(tokens, dtype=float)[:, None]
     i = np.arange(topk, dtype=float)[None, :]
     offset = t if tokens >= stride else np.floor(t * stride / tokens)
     chosen = (offset + i * stride).astype(np.int64) % experts
+    if groups[0]:  # a group-limited router: the top groups by their best two, then experts
+        n_group, keep = groups
+        score = np.zeros((tokens, experts))
+        np.put_along_axis(score, chosen, 1.0, axis=1)
+        best_two = np.sort(score.reshape(tokens, n_group, -1), axis=2)[:, :, -2:].sum(axis=2)
+        kept = np.zeros((tokens, n_group), dtype=bool)
+        np.put_along_axis(kept, np.argsort(-best_two, axis=1, kind="stable")[:, :keep], True,
+                          axis=1)
+        allowed = np.repeat(kept, experts // n_group, axis=1)
+        chosen = np.argsort(np.where(allowed, -score, np.inf), axis=1, kind="stable")[:, :topk]
     # A token's choices are distinct experts (they are stride apart), so no slot is lost.
     local = chosen < experts // ep
     counts = np.bincount(chosen[local], minlength=experts // ep)
@@ -448,6 +494,14 @@ def moe_samples(folder: Path, routing: str = "expected",
         rows, remote = tokens * h, tokens * topk
         if routing == "rank0":
             touched, tokens_here = balanced_rank0_load(tokens, experts, topk, ep)
+            if suffix in ROUTING_KERNELS:  # the kernel's own router, group-limited layouts
+                for key, groups in GROUPED_ROUTING.items():
+                    rows_of = ((h == key[0]) & (inter == key[1]) & (topk == key[2])
+                               & (experts == key[3]))
+                    if rows_of.any():
+                        touched[rows_of], tokens_here[rows_of] = balanced_rank0_grouped_load(
+                            tokens[rows_of], experts[rows_of], topk[rows_of], ep[rows_of],
+                            groups)
         elif routing == "rank0_clamped":
             touched, tokens_here, timed = balanced_rank0_clamped_load(tokens, experts, topk, ep)
             rows, remote = timed * h, None
