@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -254,7 +255,7 @@ def test_mixed_routing_prices_each_layout_with_its_own_load(tmp_path: Path) -> N
     assert 0 < mixtral.sum() < len(mixtral)
     mixed = mixed_routing(loads, {CLAMPED[0]: "rank0_clamped"}, "rank0")
     assert mixed.routing == "per_layout"
-    for name in ("flops", "nbytes", "units", "rows"):
+    for name in ("flops", "nbytes", "units", "rows", "footprint"):
         want = np.where(mixtral, getattr(loads["rank0_clamped"], name),
                         getattr(loads["rank0"], name))
         assert np.array_equal(getattr(mixed, name), want), name
@@ -1084,3 +1085,152 @@ def test_the_group_limited_load_prices_only_the_kernels_that_route_themselves(
         tmp_path, "rank0", {"sglang_flashinfer_trtllm_moe": "_flashinfer_trtllm"},
         fp8_dtype="fp8_block")}
     assert got == {"moe_fp8_flashinfer_trtllm": 6 * 16384.0, "moe_fp8": 2 * 16384.0}
+
+
+def test_a_triton_blocks_weights_stream_at_the_blocks_rate() -> None:
+    """``expert_stream_seconds``: each GEMM of the Triton fused MoE is a grid of (block rows of
+    one expert's padded slots, block columns) blocks, each streaming its weight columns over
+    the GEMM's whole depth alone, ``expert_blocks_per_sm`` x SMs at once; 0 without the
+    term or without the device's SMs."""
+    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0)
+    assert fit.expert_stream_seconds(1.0, 2.0, 28672.0, 4096.0, 2.0, 132) == 0.0
+    on = fit.model_copy(update={"expert_block_gbs": 10.0, "expert_block_m": 64,
+                                "expert_block_n": 64, "expert_blocks_per_sm": 2.0})
+    assert on.expert_stream_seconds(1.0, 2.0, 28672.0, 4096.0, 2.0, None) == 0.0
+    # One expert, 2 slots (one row block): gate+up 448 blocks of 64 columns over 4,096 (one
+    # wave of 264 resident, then 184), down 64 blocks of 64 columns over 14,336 (one wave).
+    gate_up = math.ceil(448 / 264) * (28672 * 4096 * 2) / (448 * 10e9)
+    down = 1 * (4096 * 14336 * 2) / (64 * 10e9)
+    assert on.expert_stream_seconds(1.0, 2.0, 28672.0, 4096.0, 2.0, 132) == pytest.approx(
+        gate_up + down, rel=1e-12)
+    # 65 slots take two row blocks: twice the blocks, the same bytes.
+    assert on.expert_stream_seconds(1.0, 65.0, 28672.0, 4096.0, 2.0, 132) == pytest.approx(
+        math.ceil(896 / 264) * (28672 * 4096 * 2) / (896 * 10e9)
+        + (4096 * 14336 * 2) / (128 * 10e9), rel=1e-12)
+    # The floor of the memory side: a slower block rate never prices a layer faster.
+    slow = on.model_copy(update={"expert_block_gbs": 1.0})
+    args = (H100.peak_flops("bf16"), H100.memory_bandwidth, 1e9, 352e6)
+    streamed = slow.expert_stream_seconds(1.0, 2.0, 28672.0, 4096.0, 2.0, 132)
+    assert slow.parts(*args, streamed=streamed)[1] == pytest.approx(streamed)
+    assert fit.parts(*args, streamed=streamed)[1] < streamed  # the term off: ignored
+
+
+def test_expert_blocks_need_their_shape_and_a_moe_family() -> None:
+    from simulator.hardware.operator_fits import OperatorFits
+
+    with pytest.raises(ValueError, match="expert_block_gbs"):
+        OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0,
+                    expert_block_gbs=10.0)
+    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0,
+                      expert_block_gbs=10.0, expert_block_m=64, expert_block_n=64,
+                      expert_blocks_per_sm=4.0)
+    OperatorFits(source="t", fits={"moe": fit})
+    with pytest.raises(ValueError, match="expert_block_gbs"):
+        OperatorFits(source="t", fits={"gemm": fit})
+
+
+def test_the_step_model_prices_a_moe_layer_at_its_blocks_rate() -> None:
+    """With ``expert_block_gbs`` the step model floors a MoE layer's memory time at the
+    Triton blocks' streaming time of its expected experts hit and their slots: Mixtral-8x7B
+    at EP 8 (one expert per rank) decoding one sequence, the blocks' rate far below the
+    device's, takes that time per layer."""
+    from simulator.cost import InstanceCostModel
+    from simulator.cost.accounting import LinkSet
+    from simulator.cost.batch import BatchShape
+    from simulator.cost.parallel import Parallelism
+    from simulator.hardware.operator_fits import OperatorFits
+    from simulator.hardware.registry import load_link
+
+    model = get_model("Mixtral-8x7B")
+    fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.9, half_bytes=0.0, floor_us=0.0)
+    slow = fit.model_copy(update={"expert_block_gbs": 0.5, "expert_block_m": 64,
+                                  "expert_block_n": 64, "expert_blocks_per_sm": 4.0})
+    par = Parallelism(tp=8, ep=8)
+
+    def moe(f: OperatorFit) -> float:
+        device = H100.model_copy(update={"operators": {"sglang": OperatorFits(
+            source="t", fits={"moe": f})}})
+        cost = InstanceCostModel(model, device, par, links=LinkSet(
+            tp=load_link(H100.scale_up_link)), engine="sglang", fitted=True)
+        return cost.breakdown(BatchShape.decode(1, 1000))["moe"]
+
+    h, inter = model.hidden_size, model.moe_intermediate_size
+    topk, experts = model.num_experts_per_token, model.num_experts
+    touched = 1.0 * (1 - (1 - topk / experts) ** 1)
+    slots = topk / 8
+    streamed = slow.expert_stream_seconds(touched, slots / touched, 2.0 * inter, h, 2.0,
+                                          H100.sm_count)
+    assert moe(slow) == pytest.approx(model.num_layers * streamed, rel=1e-9)
+    assert moe(fit) < moe(slow)
+
+
+def _blocks_moe_table(truth: OperatorFit, folder: Path) -> None:
+    """``moe_perf.parquet`` in ``folder``: balanced BF16 timings of three layouts at 2 to
+    16,384 tokens and EP 1 to 8, priced by ``truth`` with its Triton blocks' streaming floor
+    (:meth:`OperatorFit.expert_stream_seconds`) on H100."""
+    rows = []
+    for h, inter, topk, experts in ((4096, 14336, 2, 8), (5120, 8192, 1, 16),
+                                    (2048, 768, 8, 128)):
+        for tokens in (2, 8, 32, 128, 512, 2048, 16384):
+            for ep in (1, 2, 4, 8):
+                slots = tokens * topk / ep
+                touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
+                nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
+                streamed = truth.expert_stream_seconds(touched, slots / touched, 2.0 * inter,
+                                                       h, 2.0, H100.sm_count)
+                ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
+                                         2 * slots * 3 * h * inter, nbytes, slots,
+                                         tokens * h, streamed=streamed)) * 1e3
+                rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
+                             ep, "balanced", ms))
+    _table(rows).to_parquet(folder / "moe_perf.parquet")
+
+
+def test_kernel_fit_finds_the_rate_a_triton_block_streams_at(tmp_path: Path) -> None:
+    """Timings made with the Triton blocks' streaming floor are fitted with it where it is
+    offered, recovering the block rate and the resident blocks, and reproduced; a family not
+    offered the term does not take it."""
+    from simulator.validation.kernel_fit import fit, fit_family, training_ape
+
+    made = OperatorFit(compute=0.6, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=8.0,
+                       per_row_ps=3.0)
+    truth = made.model_copy(update={"expert_block_gbs": 12.0, "expert_block_m": 64,
+                                    "expert_block_n": 64, "expert_blocks_per_sm": 4.0})
+    _blocks_moe_table(truth, tmp_path)
+    (samples,) = moe_samples(tmp_path)
+    fitted = fit(samples, H100, expert_block=(64, 64, 4.0))
+    assert fitted.expert_block_gbs == pytest.approx(12.0, rel=0.02)
+    assert training_ape(samples, H100, fitted) < 1.0
+    no_tiles = H100.model_copy(update={"sm_count": None})
+    assert not fit(samples, no_tiles, expert_block=(64, 64, 4.0)).expert_block_gbs
+    chosen, kept = fit_family(samples, H100, remote=False, exposed=False,
+                              expert_block=(64, 64))
+    assert kept.expert_block_gbs
+    assert kept.expert_blocks_per_sm == 4.0
+    assert training_ape(chosen, H100, kept) < 1.0
+    assert not fit_family(samples, H100, remote=False, exposed=False)[1].expert_block_gbs
+
+
+def test_only_sglangs_triton_moe_family_is_offered_the_warm_l2(tmp_path: Path) -> None:
+    """MoE samples carry the bytes one replay touches (the hit experts' weights and the
+    activations, the collector replaying one set of weights) as their footprint, which marks
+    the warm shapes on a device with an L2 figure; only the families of
+    ``WARM_L2_MOE_FAMILIES`` keep it for the fit, the others are never warm."""
+    from simulator.validation.kernel_fit import WARM_L2_MOE_FAMILIES, _warm_l2_offer
+    from simulator.validation.kernel_fit_predict import warm_share
+
+    loads, _ = _two_collectors(tmp_path)
+    samples = loads["rank0"]
+    assert samples.footprint is not None
+    assert np.array_equal(samples.footprint, samples.nbytes)
+    l40s = load_device("L40S")
+    idx = np.arange(len(samples.seconds))
+    warm = warm_share(samples, l40s, idx)
+    assert np.array_equal(warm, (samples.nbytes <= 96 * 2**20).astype(float))
+    assert 0 < warm.sum() < len(warm)
+    assert ("sglang", "moe") in WARM_L2_MOE_FAMILIES
+    assert _warm_l2_offer("sglang", samples) is samples
+    for engine, op in (("vllm", "moe"), ("trtllm", "moe"), ("sglang", "moe_fp8")):
+        other = _warm_l2_offer(engine, replace(samples, op=op))
+        assert other.footprint is None
+        assert not np.any(warm_share(other, l40s, idx))

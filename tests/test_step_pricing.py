@@ -69,8 +69,10 @@ _PARTS = OperatorFit.parts
 
 
 def _array_parts(self: OperatorFit, peak: float, bw: float, flops: Any, nbytes: Any,
-                 units: Any = 1.0, quant: Any = 1.0, kernels: float = 1.0) -> tuple[Any, Any]:
-    return _PARTS(self, peak, bw, flops, nbytes, np.asarray(units), quant, kernels=kernels)
+                 units: Any = 1.0, quant: Any = 1.0, kernels: float = 1.0,
+                 streamed: Any = 0.0) -> tuple[Any, Any]:
+    return _PARTS(self, peak, bw, flops, nbytes, np.asarray(units), quant, kernels=kernels,
+                  streamed=streamed)
 
 
 @contextmanager

@@ -308,7 +308,8 @@ class OperatorPricing:
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
             label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
             quant: float = 1.0, groups: float = 0.0, fit_label: str | None = None,
-            depth: float = 0.0, written: float = 0.0, blocks: float = 0.0) -> None:
+            depth: float = 0.0, written: float = 0.0, blocks: float = 0.0,
+            streamed: float = 0.0) -> None:
         """The roofline of one operator, added ``times`` times to ``acc``.
 
         ``key`` describes the operator's shape for predictors that look it up in measured
@@ -320,15 +321,18 @@ class OperatorPricing:
         ``depth``, the sum of a GEMM group's depths ``k`` (:attr:`OperatorFit.per_k_ps`);
         ``written``, the K/V elements prefill attention stores into the cache
         (:attr:`OperatorFit.kv_write_ps`); ``blocks``, the thread-block iterations of a
-        fused MoE's expanded-space activation kernel (:meth:`OperatorFit.expanded_seconds`).
+        fused MoE's expanded-space activation kernel (:meth:`OperatorFit.expanded_seconds`);
+        ``streamed``, the least memory seconds of a MoE kernel whose blocks stream their
+        weights alone (:meth:`OperatorFit.expert_stream_seconds`).
         """
         acc.add_op(*self._roofline(label, flops, nbytes, kernels, units, rows, quant, groups,
-                                   fit_label, depth, written, blocks), times, label)
+                                   fit_label, depth, written, blocks, streamed), times, label)
 
     def _roofline(self, label: str, flops: float, nbytes: float, kernels: int, units: float,
                   rows: float, quant: float = 1.0, groups: float = 0.0,
                   fit_label: str | None = None, depth: float = 0.0,
-                  written: float = 0.0, blocks: float = 0.0) -> tuple[float, float, float]:
+                  written: float = 0.0, blocks: float = 0.0,
+                  streamed: float = 0.0) -> tuple[float, float, float]:
         """(compute, memory, launch) seconds of one operator."""
         fit = self._fits.get(fit_label or label)
         if fit is not None:
@@ -337,7 +341,8 @@ class OperatorPricing:
             # GEMM of a group pays the half-work terms and the floor, as the single GEMMs
             # the fit was made on did.
             calls = 1 if label in WHOLE_LAYER_FITS else kernels
-            c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant, kernels=calls)
+            c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant, kernels=calls,
+                             streamed=streamed)
             compute, memory = float(c), float(m)
             busy = fit.busy(compute, memory)  # the longer side and the shorter's exposed share
             exposed = busy - max(compute, memory)
@@ -519,8 +524,13 @@ class OperatorPricing:
                                                       width, self.device.sm_count or 0))
         # Grouped GEMM tiles: the experts hit, their tokens each, the gate+up columns.
         quant = self._quant(label, (touched, tokens_here / max(touched, 1e-9), 2 * width, h))
+        # A Triton kernel's blocks, each streaming its weight columns alone
+        # (OperatorFit.expert_block_gbs): the floor of the memory time.
+        streamed = (float(fit.expert_stream_seconds(touched, tokens_here / max(touched, 1e-9),
+                                                    2 * width, h, self._wb, self._sms))
+                    if fit is not None else 0.0)
         self._op(acc, flops, nbytes, 2, count, "moe", tokens, tokens_here, rows, float(quant),
-                 touched, fit_label=label, blocks=blocks)
+                 touched, fit_label=label, blocks=blocks, streamed=streamed)
         # Router GEMM and shared experts are dense, TP-sharded.
         shared = m.num_shared_experts * m.ffn_params(m.moe_intermediate_size) / par.tp
         router = h * m.num_experts

@@ -116,10 +116,11 @@ class TablePredictor(InstanceCostModel):
     def _op(self, acc: _Acc, flops: float, nbytes: float, kernels: int, times: float,
             label: str = "other", key: Any = None, units: float = 1.0, rows: float = 0.0,
             quant: float = 1.0, groups: float = 0.0, fit_label: str | None = None,
-            depth: float = 0.0, written: float = 0.0, blocks: float = 0.0) -> None:
+            depth: float = 0.0, written: float = 0.0, blocks: float = 0.0,
+            streamed: float = 0.0) -> None:
         compute, memory, launch = self._roofline(label, flops, nbytes, kernels, units, rows,
                                                  quant, groups, fit_label, depth, written,
-                                                 blocks)
+                                                 blocks, streamed)
         measured = self._lookup(label, key) if key is not None else None
         if measured is None:
             acc.add_op(compute, memory, launch, times, label)

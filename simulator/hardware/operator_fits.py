@@ -683,6 +683,33 @@ class OperatorFit(Frozen):
         "block reads its split of the sequence's latent for its own heads, so 128 heads read "
         "it 8 times: in the L40S table 32 sequences of 131,072 tokens take 6.57 / 7.93 / "
         "12.0 / 22.6 ms over 16 / 32 / 64 / 128 heads."))
+    expert_block_gbs: float = Field(0.0, ge=0, description=(
+        "Routed experts (MoE) on a Triton fused-MoE kernel (0: off): GB/s one thread block "
+        "streams its share of the expert weights at. The kernel's grid has a block per "
+        "(`expert_block_m` rows of one expert's sorted token slots, `expert_block_n` output "
+        "columns), and each block walks the whole depth of its weight columns alone, "
+        "`expert_blocks_per_sm` per SM at once; the two GEMMs (gate+up, then down) run as two "
+        "kernels, so each GEMM's memory time is at least ceil(blocks / resident) x (weight "
+        "bytes / blocks) / block rate (:meth:`expert_stream_seconds`, the floor of the "
+        "memory side in :meth:`parts`). Few experts hit with few tokens each make too few "
+        "blocks to fill the device: SGLang 0.5.14 runs BF16 experts without a tuned "
+        "configuration at BLOCK_SIZE_M x BLOCK_SIZE_N = 64 x 64 (BLOCK_SIZE_K 32) once the "
+        "kernel's tokens exceed its experts (sgl-project/sglang python/sglang/srt/layers/moe/"
+        "moe_runner/triton_utils/fused_moe_triton_config.py, `get_default_config`), and in its "
+        "B200 table (aiconfigurator-core 0.12.0 systems/data/b200_sxm/moe/sglang/0.5.14/"
+        "moe_perf.parquet) one Llama-4 Maverick expert (hidden 5,120, intermediate 8,192) "
+        "takes 200 us at 2 to 32 tokens for 252 MB of weights, 1.3 TB/s: its down GEMM "
+        "is 80 blocks of 64 columns on 148 SMs."))
+    expert_block_m: int = Field(0, ge=0, description=(
+        "MoE with `expert_block_gbs`: the token slots (rows) of one thread block, "
+        "BLOCK_SIZE_M of the Triton kernel's configuration (each expert's slots are padded "
+        "to whole blocks, `moe_align_block_size`)."))
+    expert_block_n: int = Field(0, ge=0, description=(
+        "MoE with `expert_block_gbs`: the output columns of one thread block, BLOCK_SIZE_N "
+        "of the Triton kernel's configuration."))
+    expert_blocks_per_sm: float = Field(0.0, ge=0, description=(
+        "MoE with `expert_block_gbs`: the thread blocks one SM runs at once (chosen on the "
+        "training shapes among kernel_fit.EXPERT_BLOCKS_PER_SM)."))
     rows: int = Field(0, ge=0, description="Measured shapes the constants were fitted on.")
 
     @model_validator(mode="after")
@@ -698,6 +725,16 @@ class OperatorFit(Frozen):
                 raise ValueError(f"{name} {getattr(self, name)} prices the grouped decode kernel "
                                  "and needs group_limit > 0 (the most query heads per KV head "
                                  "that kernel takes)")
+        return self
+
+    @model_validator(mode="after")
+    def _expert_blocks_need_their_shape(self) -> OperatorFit:
+        if self.expert_block_gbs and not (self.expert_block_m and self.expert_block_n
+                                          and self.expert_blocks_per_sm):
+            raise ValueError(f"expert_block_gbs {self.expert_block_gbs} prices the thread "
+                             "blocks of a Triton fused-MoE kernel and needs expert_block_m, "
+                             "expert_block_n and expert_blocks_per_sm > 0 (the block's rows "
+                             "and columns, the blocks an SM runs at once)")
         return self
 
     @model_validator(mode="after")
@@ -857,7 +894,7 @@ class OperatorFit(Frozen):
 
     def parts(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
               units: Any = 1.0, quant: Any = 1.0, warm: Any = 0.0,
-              kernels: float = 1.0) -> tuple[Any, Any]:
+              kernels: float = 1.0, streamed: Any = 0.0) -> tuple[Any, Any]:
         """Compute and memory seconds (floats or numpy arrays).
 
         ``quant`` is the tile/wave multiplier of the FLOPs (1 without ``tile_m``); the fill
@@ -866,6 +903,8 @@ class OperatorFit(Frozen):
         default, wherever the step model prices an operator. ``kernels``: the work is that
         many kernels' (a group of GEMMs priced as one operator), each paying the half-work
         terms (``half_flops``, ``half_bytes``) as the single kernels the fit was made on do.
+        ``streamed``: the least memory seconds of a kernel whose blocks stream their share
+        alone (:meth:`expert_stream_seconds`; 0, the default, none).
         """
         if self.l2_speedup != 1.0:
             nbytes = nbytes * (1.0 - warm * (1.0 - 1.0 / self.l2_speedup))
@@ -887,6 +926,8 @@ class OperatorFit(Frozen):
             alone = np.ceil(blocks / self.resident_blocks) * nbytes / (blocks * self.block_gbs
                                                                         * 1e9)
             memory = np.maximum(memory, alone)
+        if self.expert_block_gbs:
+            memory = np.maximum(memory, streamed)
         return compute, memory
 
     def remote_rows(self, slots: Any, gate_up: Any, hidden: Any) -> Any:
@@ -931,10 +972,33 @@ class OperatorFit(Frozen):
 
     def seconds(self, peak_flops: float, bandwidth: float, flops: Any, nbytes: Any,
                 units: Any = 1.0, rows: Any = 0.0, quant: Any = 1.0, warm: Any = 0.0,
-                depth: Any = 0.0, written: Any = 0.0) -> Any:
-        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant, warm)
+                depth: Any = 0.0, written: Any = 0.0, streamed: Any = 0.0) -> Any:
+        compute, memory = self.parts(peak_flops, bandwidth, flops, nbytes, units, quant, warm,
+                                     streamed=streamed)
         busy = self.busy(compute, memory)
         return busy + self.fixed(rows, busy, units, depth, written)
+
+    def expert_stream_seconds(self, experts: Any, slots: Any, gate_up: Any, hidden: Any,
+                              element_bytes: float, sms: int | None) -> Any:
+        """The least memory seconds of a Triton fused MoE (:attr:`expert_block_gbs`; 0 without
+        the term): ``experts`` hit on the rank with ``slots`` token slots each, ``gate_up``
+        columns in the first GEMM's output over ``hidden``, the down GEMM ``hidden`` columns
+        over ``gate_up / 2``, weights of ``element_bytes``. Each GEMM is a kernel whose
+        blocks (``expert_block_m`` slots of one expert x ``expert_block_n`` columns, every
+        expert's slots padded to whole blocks) each stream their weight columns alone, at most
+        ``expert_blocks_per_sm`` x ``sms`` at once: ceil(blocks / resident) x bytes / (blocks x
+        rate), summed over the two."""
+        if not self.expert_block_gbs or not sms:
+            return 0.0
+        resident = self.expert_blocks_per_sm * sms
+        row_blocks = experts * np.ceil(np.maximum(slots, 1.0) / self.expert_block_m)
+        out: Any = 0.0
+        for columns, depth in ((gate_up, hidden), (hidden, gate_up / 2.0)):
+            blocks = np.maximum(row_blocks * np.ceil(columns / self.expert_block_n), 1.0)
+            weights = experts * columns * depth * element_bytes
+            out = out + (np.ceil(blocks / resident) * weights
+                         / (blocks * self.expert_block_gbs * 1e9))
+        return out
 
     def group_seconds(self, groups: Any) -> Any:
         """Seconds of ``groups`` experts hit on the rank (:attr:`per_group_ns`)."""
@@ -1040,6 +1104,9 @@ class OperatorFits(Frozen):
             if fit.slot_kernels and not family.startswith("moe"):
                 raise ValueError(f"fits.{family}.slot_kernels: only MoE families (moe*) "
                                  f"take it")
+            if fit.expert_block_gbs and not family.startswith("moe"):
+                raise ValueError(f"fits.{family}.expert_block_gbs: only MoE families (moe*) "
+                                 f"take it; got {fit.expert_block_gbs}")
             if fit.per_group_ns and not family.startswith("moe"):
                 raise ValueError(f"fits.{family}.per_group_ns: only MoE families (moe*) "
                                  f"take it; got {fit.per_group_ns}")

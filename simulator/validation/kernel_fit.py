@@ -65,6 +65,7 @@ from simulator.validation.kernel_fit_predict import (
     both_kv_row,
     causal_shares,
     evaluate,
+    expert_streamed,
     extra_floor,
     flops,
     gemm_depth,
@@ -278,6 +279,31 @@ sglang .../fused_moe_triton/, ``write_zeros_to_output``). TensorRT-LLM's CUTLASS
 gathers only its own rank's slots and writes nothing for the others
 (cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/, ``expandInputRowsKernel`` and
 ``finalizeMoeRoutingKernel`` skip experts outside the rank), so its fits are not."""
+EXPERT_BLOCK_CHOICES: dict[tuple[str, str], tuple[int, int]] = {("sglang", "moe"): (64, 64)}
+"""MoE families (engine, family) offered the rate one thread block of the Triton fused MoE
+streams its weights at (``OperatorFit.expert_block_gbs``), with the block's rows and columns
+(BLOCK_SIZE_M, BLOCK_SIZE_N), on the chosen terms and on the training shapes only: SGLang's
+``moe`` family is its BF16 experts without a tuned configuration at more tokens than the
+rank's experts, which SGLang 0.5.14 runs at 64 x 64 (BLOCK_SIZE_K 32, Triton's default
+warps and stages; sgl-project/sglang python/sglang/srt/layers/moe/moe_runner/triton_utils/
+fused_moe_triton_config.py, ``get_default_config``)."""
+WARM_L2_MOE_FAMILIES = (("sglang", "moe"),)
+"""MoE families (engine, family) whose shapes are offered the warm-L2 speed
+(``OperatorFit.l2_speedup``, on a device with an L2 figure, where the hit experts' weights and
+the activations fit it: :attr:`~simulator.validation.kernel_fit_samples.Samples.footprint`),
+on the training shapes only; the others' samples carry no footprint. AIConfigurator's SGLang
+collector allocates one set of expert weights and replays the fused MoE on it back to back,
+changing only the routing between calls (ai-dynamo/aiconfigurator
+collector/sglang/collect_moe.py, ``run_op``), so weights the L2 holds stay there. In SGLang
+0.5.14's L40S table (96 MB of L2, 864 GB/s of GDDR6) Mixtral-8x7B's experts at TP 32 (eight
+of 4,096 x 448 x 3, 88 MB) take 48 us at 16 tokens, 1.8 TB/s."""
+EXPERT_BLOCK_GBS_STARTS = (5.0, 10.0, 20.0)
+"""Block rates (GB/s) the fit of ``OperatorFit.expert_block_gbs`` also starts from, with the
+chosen fit's other constants."""
+EXPERT_BLOCKS_PER_SM = (2.0, 4.0, 8.0)
+"""The resident thread blocks per SM (``OperatorFit.expert_blocks_per_sm``) a family of
+:data:`EXPERT_BLOCK_CHOICES` may take, each fitted with its block rate: a 64 x 64 x 32 block
+of 16-bit operands over Triton's default three stages holds 24 KiB of shared memory."""
 SLOT_KERNEL_ENGINES = ("trtllm",)
 """Engines whose MoE fits are offered the work of the routing kernels outside the grouped
 GEMMs per routed token slot (``OperatorFit.slot_kernels``), with every tile choice and on
@@ -395,13 +421,18 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
             decode_hd: bool = False, sustained: bool = False, width: bool = False,
             rope: bool = False, block_sms: float = 0.0, qcopy: bool = False,
             slots: bool = False, head_block: int = 0, load_rows: float = 0.0,
-            depth: bool = False, kv_write: bool = False,
-            expanded: bool = False) -> OperatorFit:
+            depth: bool = False, kv_write: bool = False, expanded: bool = False,
+            expert_block: tuple[int, int, float] = (0, 0, 0.0)) -> OperatorFit:
     # ``slots`` (MoE) is a choice, not a fitted element (OperatorFit.slot_kernels).
-    # With ``expanded`` (MoE) the very last element is log(expanded_block_ns), stripped
-    # before all others (OperatorFit.expanded_block_ns); with ``kv_write`` (prefill
-    # attention) the last element left is log(kv_write_ps), stripped next
-    # (OperatorFit.kv_write_ps).
+    # With ``expert_block`` (MoE: block rows, block columns, blocks per SM) the very last
+    # element is log(expert_block_gbs), stripped before all others; with ``expanded`` (MoE)
+    # the last element left is log(expanded_block_ns), stripped next
+    # (OperatorFit.expanded_block_ns); with ``kv_write`` (prefill attention) the last left
+    # after those is log(kv_write_ps), stripped next (OperatorFit.kv_write_ps).
+    block_m, block_n, per_sm = expert_block
+    expert_gbs = min(_exp(x[-1]), 1e4) if block_m else 0.0
+    if block_m:
+        x = x[:-1]
     expanded_ns = min(_exp(x[-1]), 1e4) if expanded else 0.0
     if expanded:
         x = x[:-1]
@@ -510,7 +541,9 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
                        sustained_us=after_us,
                        sustained_rate=rate, key_tiles=key_tiles,  # type: ignore[arg-type]
                        block_gbs=block_gbs, head_block=head_block, head_block_rows=block_rows,
-                       head_block_reread=block_reread)
+                       head_block_reread=block_reread, expert_block_gbs=expert_gbs,
+                       expert_block_m=block_m, expert_block_n=block_n,
+                       expert_blocks_per_sm=per_sm if block_m else 0.0)
 
 
 def _rounded(f: OperatorFit) -> OperatorFit:
@@ -554,7 +587,10 @@ def _rounded(f: OperatorFit) -> OperatorFit:
                                   if f.group_limit and f.q_copy_us > 1e-3 else 0.0),
                        head_block=f.head_block,
                        head_block_rows=sig4(f.head_block_rows) if f.head_block else 0.0,
-                       head_block_reread=round(f.head_block_reread, 4) if f.head_block else 0.0)
+                       head_block_reread=round(f.head_block_reread, 4) if f.head_block else 0.0,
+                       expert_block_gbs=sig4(f.expert_block_gbs),
+                       expert_block_m=f.expert_block_m, expert_block_n=f.expert_block_n,
+                       expert_blocks_per_sm=f.expert_blocks_per_sm)
 
 
 def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 0,
@@ -567,7 +603,8 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
         width: bool = False, rope: bool = False, block: bool = False,
         qcopy: bool = False, slots: bool = False, head_block: int = 0,
         load_rows: float = 0.0, depth: bool = False, kv_write: bool = False,
-        expanded: bool = False) -> OperatorFit:
+        expanded: bool = False, expert_block: tuple[int, int, float] = (0, 0, 0.0),
+        start_from: OperatorFit | None = None) -> OperatorFit:
     """Least squares on log(predicted / measured) over the shapes not held out, with the
     given tile sizes (0: no tile/wave quantisation) and, for prefill attention, with or
     without GQA packing, with or without the causal tail and the K/V re-read share
@@ -610,7 +647,12 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
     timed forward stores into the cache (``OperatorFit.kv_write_ps``, fitted); a MoE family
     with ``expanded``, a time per thread-block iteration of the expanded-space activation
     kernel (``OperatorFit.expanded_block_ns``, fitted; the samples need their ``batch`` and
-    the device its ``sm_count``)."""
+    the device its ``sm_count``); a MoE family with ``expert_block`` (block rows, block
+    columns, resident blocks per SM), the rate one Triton block streams its weights at
+    (``OperatorFit.expert_block_gbs``, fitted), also started from ``start_from``'s constants
+    (a MoE fit with at most ``per_group``, ``exposed`` and ``l2`` of the terms fitted here)."""
+    if not (samples.op.startswith("moe") and samples.tiles is not None and device.sm_count):
+        expert_block = (0, 0, 0.0)
     head_block = head_block if samples.decode and samples.heads is not None else 0
     qcopy = qcopy and bool(group_limit) and samples.decode and samples.tiles is not None
     peak, bw = device.peak_flops(samples.precision), device.memory_bandwidth
@@ -650,14 +692,15 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                         group_limit, moe_kernel, causal, softmax, has_hd, has_reread, per_unit,
                         l2, remote, head_tile, exposed, per_group, key_tiles, decode_hd,
                         sustained, width, rope, block_sms, qcopy, slots, head_block, load_rows,
-                        depth, kv_write, expanded)
+                        depth, kv_write, expanded, expert_block)
         s = model.work_scale(hd) if hd is not None else 1.0
         fs = model.flops_scale(hd) if hd is not None else 1.0
         b, r = _bytes_rows(samples, model, idx)
         qx = q if share is None else causal_quantisation(q, share, model.causal_tail)
         if head_tile:  # the resident blocks are fitted: the multiplier follows them
             qx = _work(samples, model, device, idx)[1]
-        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm, dep, wrote)
+        return np.log(model.seconds(peak, bw, f * fs, b * s, u, r, qx, warm, dep, wrote,
+                                    expert_streamed(samples, model, device, idx))
                       + extra_floor(samples, model, idx, device)) - log_t
 
     best: tuple[np.ndarray, float] | None = None
@@ -685,27 +728,60 @@ def fit(samples: Samples, device: DeviceProfile, tile_m: int = 0, tile_n: int = 
                        *([math.log(16.0), -1.0] if head_block else []),
                        *([math.log(300.0)] if depth else []),
                        *([math.log(2.0)] if kv_write else []),
-                       *([math.log(1.0)] if expanded else [])])
+                       *([math.log(1.0)] if expanded else []),
+                       *([math.log(10.0)] if expert_block[0] else [])])
         x, cost = levenberg_marquardt(residual, x0, iterations=150)
         if best is None or cost < best[1]:
             best = (x, cost)
     assert best is not None
-    x = best[0]
-    # Least absolute log error by iterative reweighting: the median of |error| is what is
-    # reported, and a few cliff shapes (tile/wave quantisation) should not pull the curve.
-    for _ in range(ROBUST_ROUNDS):
-        weight = 1.0 / np.sqrt(np.maximum(np.abs(residual(x)), 0.01))
 
-        def weighted(z: np.ndarray, w: np.ndarray = weight) -> np.ndarray:
-            return residual(z) * w
+    def robust(x: np.ndarray) -> np.ndarray:
+        # Least absolute log error by iterative reweighting: the median of |error| is what
+        # is reported, and a few cliff shapes (tile/wave quantisation) should not pull the
+        # curve.
+        for _ in range(ROBUST_ROUNDS):
+            weight = 1.0 / np.sqrt(np.maximum(np.abs(residual(x)), 0.01))
 
-        x, _ = levenberg_marquardt(weighted, x, iterations=60)
+            def weighted(z: np.ndarray, w: np.ndarray = weight) -> np.ndarray:
+                return residual(z) * w
+
+            x, _ = levenberg_marquardt(weighted, x, iterations=60)
+        return x
+
+    x = robust(best[0])
+    if expert_block[0] and start_from is not None:
+        # The block rate on a fit's chosen terms: also from that fit's constants, at a few
+        # block rates (the generic starts alone can land the shared terms elsewhere); the
+        # start whose robust fit has the least median error on these shapes is kept.
+        for gbs in EXPERT_BLOCK_GBS_STARTS:
+            x0 = _moe_start(start_from, per_group, exposed, l2, gbs)
+            for other in (robust(x0), robust(levenberg_marquardt(residual, x0,
+                                                                 iterations=150)[0])):
+                if np.median(np.abs(residual(other))) < np.median(np.abs(residual(x))):
+                    x = other
     return _rounded(_to_fit(x, int((~samples.held_out).sum()), tile_m, tile_n, split_k, fill,
                             tile_k0, pack_gqa, dispatch, group_limit, moe_kernel, causal,
                             softmax, has_hd, has_reread, per_unit, l2, remote, head_tile,
                             exposed, per_group, key_tiles, decode_hd, sustained, width,
                             rope, block_sms, qcopy, slots, head_block, load_rows, depth,
-                            kv_write, expanded))
+                            kv_write, expanded, expert_block))
+
+
+def _moe_start(f: OperatorFit, per_group: bool, exposed: bool, l2: bool,
+               gbs: float) -> np.ndarray:
+    """The fitted elements of :func:`fit` for a MoE fit with ``f``'s constants, the terms
+    ``per_group``, ``exposed`` and ``l2`` as given and the block rate ``gbs`` (the last
+    element, ``expert_block``)."""
+    def logit(v: float) -> float:
+        v = min(max(v, 1e-4), 1.0 - 1e-4)
+        return math.log(v / (1.0 - v))
+    return np.array([logit(f.compute), math.log(max(f.half_flops, 1.0)), logit(f.memory),
+                     math.log(max(f.half_bytes, 1.0)), math.log(max(f.floor_us, 1e-3)),
+                     math.log(max(f.half_units, 1e-3)), math.log(max(f.per_row_ps, 1e-6)),
+                     *([math.log(max(f.per_group_ns, 1e-3))] if per_group else []),
+                     *([logit(f.exposed)] if exposed else []),
+                     *([math.log(max(f.l2_speedup - 1.0, 1e-3))] if l2 else []),
+                     math.log(gbs)])
 
 
 def _decode_terms(kept: OperatorFit) -> tuple[bool, bool]:
@@ -725,8 +801,8 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                slot_kernels: bool = False,
                head_blocks: tuple[int, ...] = (),
                gemm_depth_offered: bool = False,
-               kv_write: bool = False,
-               expanded_offered: bool = False) -> tuple[Samples, OperatorFit]:
+               kv_write: bool = False, expanded_offered: bool = False,
+               expert_block: tuple[int, int] = (0, 0)) -> tuple[Samples, OperatorFit]:
     """The fit of one operator family, with the samples it was scored on.
 
     Every tile choice of the family (:data:`TILE_CHOICES`; none without the device's
@@ -765,7 +841,10 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
     (:data:`KV_WRITE_TABLES`, ``OperatorFit.kv_write_ps``); with ``expanded_offered``, a MoE
     family is refitted on its chosen terms, with its chosen and with both the exposed share
     and the time per expert, with a time per thread-block iteration of the expanded-space
-    activation kernel (:data:`EXPANDED_ACTIVATION_FAMILIES`, ``OperatorFit.expanded_block_ns``).
+    activation kernel (:data:`EXPANDED_ACTIVATION_FAMILIES`, ``OperatorFit.expanded_block_ns``);
+    with ``expert_block`` (a Triton block's rows and columns, :data:`EXPERT_BLOCK_CHOICES`), a
+    MoE family is refitted on its chosen terms with the rate each block streams its weights
+    at, for each of :data:`EXPERT_BLOCKS_PER_SM` (``OperatorFit.expert_block_gbs``).
     Attention on a device with an L2 figure, where some training shapes fit in it
     (:func:`warm_share`), is fitted with and without the warm-L2 speed
     (``OperatorFit.l2_speedup``).
@@ -903,6 +982,17 @@ def fit_family(family: Samples, device: DeviceProfile, dispatches: tuple[str, ..
                 moe_kernel=kept.moe_kernel, l2=kept.l2_speedup != 1.0,
                 remote=kept.remote_slots, slots=kept.slot_kernels, exposed=share,
                 per_group=groups, expanded=True))
+    if expert_block[0] and family.op.startswith("moe") and family.tiles is not None:
+        # The Triton blocks' own streaming rate (OperatorFit.expert_block_gbs), on the
+        # chosen terms, for each resident count.
+        kept = best[2]
+        for per_sm in EXPERT_BLOCKS_PER_SM:
+            consider(best[1], kept.row_unit, fit(
+                best[1], device, kept.tile_m, kept.tile_n, kept.split_k, kept.tile_k0,
+                moe_kernel=kept.moe_kernel, l2=kept.l2_speedup != 1.0,
+                remote=kept.remote_slots, slots=kept.slot_kernels, exposed=bool(kept.exposed),
+                per_group=bool(kept.per_group_ns), expert_block=(*expert_block, per_sm),
+                start_from=kept))
     if family.op.startswith("gemm") and family.tiles is not None:
         # The chosen terms with the lower rate of a long kernel (OperatorFit.sustained_us).
         kept = best[2]
@@ -996,10 +1086,11 @@ def layout_loads(fitted: dict[str, tuple[Samples, OperatorFit]], device: DeviceP
 
 
 def _refit(samples: Samples, device: DeviceProfile, dispatches: tuple[str, ...],
-           moe_kernels: tuple[str, ...], remote: bool, expanded: bool = False) -> OperatorFit:
+           moe_kernels: tuple[str, ...], remote: bool, expanded: bool = False,
+           expert_block: tuple[int, int] = (0, 0)) -> OperatorFit:
     """A MoE family's fit on ``samples``, as :func:`fit_device` fits each load."""
     return fit_family(samples, device, dispatches, (), moe_kernels, remote=remote,
-                      expanded_offered=expanded)[1]
+                      expanded_offered=expanded, expert_block=expert_block)[1]
 
 
 def per_layout_fit(fitted: dict[str, tuple[Samples, OperatorFit]], best: tuple[Samples, OperatorFit],
@@ -1046,6 +1137,14 @@ def _moe_version(folder: Path, version: str | None, kernels: dict[str, str] | No
         if found := moe_samples(path, kernels=kernels, tuned=tuned, fp8_dtype=fp8_dtype):
             return path, found
     return None, []
+
+
+def _warm_l2_offer(engine: str, samples: Samples) -> Samples:
+    """A MoE family's samples as they are fitted: without a footprint (never warm) outside
+    :data:`WARM_L2_MOE_FAMILIES`."""
+    if (engine, samples.op) in WARM_L2_MOE_FAMILIES:
+        return samples
+    return replace(samples, footprint=None)
 
 
 def selected(op: str, ops: Sequence[str] | None) -> bool:
@@ -1095,10 +1194,10 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
     loads: dict[str, list[Samples]] = {}
     if folder is not None:
         used.append(f"moe/{engine}/{folder.name}")
-        samples += moe
+        samples += [_warm_l2_offer(engine, s) for s in moe]
         for routing in MOE_ROUTINGS[1:] + CLAMPED_MOE_ROUTINGS.get(engine, ()):
             for s in moe_samples(folder, routing, kernels, tuned, fp8):
-                loads.setdefault(s.op, []).append(s)
+                loads.setdefault(s.op, []).append(_warm_l2_offer(engine, s))
     fits: dict[str, OperatorFit] = {}
     rows: list[dict[str, Any]] = []
     curves: list[CollectiveCurve] = []
@@ -1120,6 +1219,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                        if device.kernel_tables in HOPPER_TABLES else ())
         remote = engine in REMOTE_SLOT_ENGINES
         expanded = family.op in EXPANDED_ACTIVATION_FAMILIES.get(engine, ())
+        blocks = EXPERT_BLOCK_CHOICES.get((engine, family.op), (0, 0))
         head_tiles = (HEAD_TILE_CHOICES if device.kernel_tables in FMHA_MLA_DECODE_TABLES.get(
             engine, ()) else ())
         s, fitted = fit_family(family, device, dispatches, limits, moe_kernels,
@@ -1137,7 +1237,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
                                gemm_depth_offered=device.kernel_tables in GEMM_DEPTH_TABLES.get(
                                    engine, ()),
                                kv_write=device.kernel_tables in KV_WRITE_TABLES.get(engine, ()),
-                               expanded_offered=expanded)
+                               expanded_offered=expanded, expert_block=blocks)
         if family.op in prefill_only:
             # Without the rows the engine runs on its decode kernel (kernel_fit_samples.
             # DECODE_PATH_KERNELS): kept where it prices the prefill kernel's own training
@@ -1153,7 +1253,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         for other in loads.get(family.op, ()):  # the timed rank's load: see MOE_ROUTINGS
             s0, f0 = fit_family(other, device, dispatches, limits, moe_kernels, remote=remote,
                                 slot_kernels=engine in SLOT_KERNEL_ENGINES,
-                                expanded_offered=expanded)
+                                expanded_offered=expanded, expert_block=blocks)
             each[other.routing] = (s0, f0)
             if training_ape(s0, device, f0) < training_ape(s, device, fitted):
                 s, fitted = s0, f0
@@ -1161,7 +1261,7 @@ def fit_device(root: Path, device: DeviceProfile, engine: str, version: str | No
         if engine in PER_LAYOUT_ROUTING_ENGINES and len(each) > 1:
             s, fitted, chosen = per_layout_fit(each, (s, fitted), device, functools.partial(
                 _refit, device=device, dispatches=dispatches, moe_kernels=moe_kernels,
-                remote=remote, expanded=expanded))
+                remote=remote, expanded=expanded, expert_block=blocks))
         scored[s.op] = s
         row = {"device": device.name, "engine": engine, **evaluate(s, device, fitted)}
         if s.op in loads:

@@ -26,11 +26,12 @@ from simulator.hardware.operator_fits import (
     key_tile_extra,
 )
 from simulator.hardware.profiles import DeviceProfile
+from simulator.units import bytes_per_element
 from simulator.validation.kernel_fit_comm import _ape
 from simulator.validation.kernel_fit_samples import Samples
 
-__all__ = ["both_kv_row", "causal_shares", "evaluate", "extra_floor", "flops", "predict",
-           "tile_label", "training_ape", "warm_share"]
+__all__ = ["both_kv_row", "causal_shares", "evaluate", "expert_streamed", "extra_floor", "flops",
+           "predict", "tile_label", "training_ape", "warm_share"]
 
 
 def _work(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
@@ -176,6 +177,19 @@ def extra_floor(samples: Samples, fitted: OperatorFit, idx: np.ndarray,
     return (fitted.decode_floor(samples.group[idx]) - fitted.floor_us) * 1e-6 + rope
 
 
+def expert_streamed(samples: Samples, fitted: OperatorFit, device: DeviceProfile,
+                    idx: np.ndarray) -> Any:
+    """The least memory seconds of a MoE family whose Triton blocks stream their weights alone
+    (:meth:`OperatorFit.expert_stream_seconds`; MoE tiles: experts hit, slots per expert,
+    gate+up columns, hidden), 0 for the other families and fits."""
+    if not (fitted.expert_block_gbs and samples.tiles is not None
+            and samples.op.startswith("moe")):
+        return 0.0
+    experts, slots, gate_up, hidden = (a[idx] for a in samples.tiles)
+    return fitted.expert_stream_seconds(experts, slots, gate_up, hidden,
+                                        bytes_per_element(samples.precision), device.sm_count)
+
+
 def warm_share(samples: Samples, device: DeviceProfile, idx: np.ndarray) -> Any:
     """1 where the working set of a measured shape fits the device's L2 cache
     (``l2_cache_mb``, MiB), else 0: the collector replays the same kernel on the same
@@ -199,7 +213,8 @@ def predict(samples: Samples, device: DeviceProfile, fitted: OperatorFit,
     return np.asarray(fitted.seconds(device.peak_flops(samples.precision),
                                      device.memory_bandwidth, flops(samples, fitted, idx) * fscale,
                                      nbytes * scale, units, rows, quant, warm,
-                                     gemm_depth(samples, idx), kv_written(samples, idx))
+                                     gemm_depth(samples, idx), kv_written(samples, idx),
+                                     expert_streamed(samples, fitted, device, idx))
                       + extra_floor(samples, fitted, idx, device))
 
 

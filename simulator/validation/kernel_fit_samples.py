@@ -63,8 +63,9 @@ class Samples:
     prefill attention: its K/V re-read (``OperatorFit.kv_reread_share``)."""
     footprint: np.ndarray | None = None
     """The bytes one timed replay touches once each (attention: KV cache, queries, outputs;
-    GEMM: every copy's operands, :data:`GEMM_COPIES`), which a warm L2 holds between the
-    collector's back-to-back replays where they fit (``OperatorFit.l2_speedup``;
+    GEMM: every copy's operands, :data:`GEMM_COPIES`; MoE: the hit experts' weights and the
+    activations, the collectors replaying one set of expert weights), which a warm L2 holds
+    between the collector's back-to-back replays where they fit (``OperatorFit.l2_speedup``;
     :func:`simulator.validation.kernel_fit_predict.warm_share`)."""
     heads: np.ndarray | None = None
     """MLA decode attention: query heads per sequence on the timed rank
@@ -519,7 +520,7 @@ def moe_samples(folder: Path, routing: str = "expected",
                            tiles=(touched, tokens_here / np.maximum(touched, 1e-9),
                                   2 * inter / tp, h),
                            remote=None if remote is None else np.maximum(remote - tokens_here, 0.0),
-                           routing=routing,
+                           footprint=nbytes, routing=routing,
                            layout=p[shape[1:5]].astype(str).agg("/".join, axis=1).to_numpy(),
                            batch=(rows / h, topk)))
     return out
@@ -553,7 +554,9 @@ def mixed_routing(loads: dict[str, Samples], choice: dict[str, str], default: st
         batch = tuple(np.select([picks[r] for r in loads], [s.batch[i] for s in loads.values()
                                                             if s.batch is not None])
                       for i in range(2))
+    footprint = (pick("footprint") if all(s.footprint is not None for s in loads.values())
+                 else None)
     return Samples(ref.op, ref.precision, pick("flops"), pick("nbytes"), pick("units"),
                    pick("rows"), ref.seconds, ref.held_out, f"{ref.source} (per-layout load)",
-                   tiles=tiles, remote=pick("remote"), routing="per_layout", layout=ref.layout,
-                   batch=batch)  # type: ignore[arg-type]
+                   tiles=tiles, remote=pick("remote"), footprint=footprint, routing="per_layout",
+                   layout=ref.layout, batch=batch)  # type: ignore[arg-type]
