@@ -1234,3 +1234,80 @@ def test_only_sglangs_triton_moe_family_is_offered_the_warm_l2(tmp_path: Path) -
         other = _warm_l2_offer(engine, replace(samples, op=op))
         assert other.footprint is None
         assert not np.any(warm_share(other, l40s, idx))
+
+
+_TRITON_CLAMPED_LAYOUTS = {
+    "B200": ("2816/704/8/128", "4096/14336/2/8", "6144/16384/2/8"),
+    "GB200-NVL72": ("2816/704/8/128", "4096/14336/2/8", "6144/16384/2/8"),
+    "L40S": ("2816/704/8/128", "4096/14336/2/8", "5120/8192/1/16", "6144/16384/2/8")}
+"""The layouts of SGLang's ``moe`` family whose fit took the collector's clamped load
+(``kernel_fit.per_layout_fit``); the others took the plain rank-0 load."""
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("device", ["B200", "GB200-NVL72", "L40S"])
+def test_the_shipped_sglang_default_block_moe_fits_price_held_out_layouts(device: str) -> None:
+    """SGLang 0.5.14's BF16 Triton MoE at the default configuration's 64 x 64 blocks
+    (``moe``), each layout on the load its collector timed: held out 12.3 / 11.5 / 13.1 %
+    (B200 / GB200 / L40S) before the fit took the blocks' own streaming rate
+    (``OperatorFit.expert_block_gbs``) and, on the L40S, the warm L2 of the collector's
+    replays."""
+    from simulator.runner.kernel_tables import tables_root
+    from simulator.validation.kernel_fit import (
+        MOE_FP8_DTYPES,
+        MOE_KERNEL_FAMILIES,
+        TUNED_MOE_CONFIGS,
+        _moe_version,
+        evaluate,
+    )
+    from simulator.validation.kernel_fit_samples import mixed_routing
+
+    dev = load_device(device)
+    root = tables_root()
+    if root is None:
+        pytest.skip("needs the kernels extra (aiconfigurator-core)")
+    assert dev.kernel_tables is not None
+    kernels = MOE_KERNEL_FAMILIES["sglang"]
+    tuned = TUNED_MOE_CONFIGS["sglang"].get(dev.kernel_tables, frozenset())
+    fp8 = MOE_FP8_DTYPES["sglang"]
+    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "sglang", "0.5.14", kernels,
+                             tuned, fp8)
+    assert folder is not None
+    loads = {r: next(s for s in moe_samples(folder, r, kernels, tuned, fp8) if s.op == "moe")
+             for r in ("rank0", "rank0_clamped")}
+    samples = mixed_routing(loads, dict.fromkeys(_TRITON_CLAMPED_LAYOUTS[device],
+                                                 "rank0_clamped"), "rank0")
+    fitted = dev.operators["sglang"].fits["moe"]
+    assert fitted.expert_block_gbs > 0
+    assert evaluate(samples, dev, fitted)["median_ape_after"] <= 10.0
+
+
+def test_a_written_profile_keeps_the_expert_blocks_where_a_fit_took_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel_fit --write`` keeps a MoE fit's Triton block terms where it took them and
+    leaves their keys out where it did not; the profile loads back with the same fits."""
+    import shutil
+
+    import yaml
+
+    import simulator.validation.kernel_fit_profile as writer
+    from simulator.hardware import registry
+
+    shutil.copytree(registry.profiles_dir() / "devices", tmp_path / "devices")
+    monkeypatch.setattr(registry, "profiles_dir", lambda: tmp_path)
+    monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
+    base = OperatorFit(compute=0.5, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=4.0,
+                       tile_m=64, tile_n=64)
+    names = ("expert_block_gbs", "expert_block_m", "expert_block_n", "expert_blocks_per_sm")
+    fits = {"moe": base.model_copy(update=dict(zip(names, (8.7, 64, 64, 8.0), strict=True))),
+            "moe_fp8": base}
+    load_device.cache_clear()
+    try:
+        path = writer.write_profile(load_device("H100-SXM"), fits, [], "sglang", "test source")
+        written = yaml.safe_load(path.read_text())["operators"]["sglang"]["fits"]
+        assert [written["moe"][n] for n in names] == [8.7, 64, 64, 8.0]
+        assert not set(names) & set(written["moe_fp8"])
+        loaded = load_device("H100-SXM").operator_fits("sglang")
+        assert loaded["moe"] == fits["moe"].model_copy(update={"rows": loaded["moe"].rows})
+    finally:
+        load_device.cache_clear()

@@ -37,7 +37,9 @@ def write_profile(device: DeviceProfile, fits: dict[str, OperatorFit],
                         "expanded_block_ns",
                         "group_row_step", "group_row_head_dim_exp", "rope_kernel_us",
                         "block_gbs", "q_copy_us", "head_block", "head_block_rows",
-                        "head_block_reread", "tile_load_rows", "per_k_ps", "kv_write_ps"):
+                        "head_block_reread", "tile_load_rows", "per_k_ps", "kv_write_ps",
+                        "expert_block_gbs", "expert_block_m", "expert_block_n",
+                        "expert_blocks_per_sm"):
                 if not dumped[off]:
                     del dumped[off]
             if not dumped["sustained_us"]:
