@@ -24,10 +24,15 @@ def test_above_table_lists_the_cells_at_or_above_the_target_worst_first():
     assert "-0.4" in body[0]
 
 
-def test_above_table_with_every_cell_below():
-    lines = above_table({"vllm": [_row("vllm", "H100-SXM", "gemm", 9.9)]})
-    assert lines[0] == "0 of 1 cells at or above 10 % held out:"
-    assert len(lines) == 4  # the header only
+def test_above_table_with_every_cell_below_lists_the_highest():
+    below = {"vllm": [_row("vllm", "H100-SXM", "gemm", 9.9), _row("vllm", "B200", "gemm", 4.0)],
+             "sglang": [_row("sglang", "L40S", "moe", 9.95)]}
+    lines = above_table(below)
+    assert lines[0] == "0 of 3 cells at or above 10 % held out; the 3 highest:"
+    assert [line.split(" | ")[1:3] for line in lines[4:]] == [
+        ["L40S", "moe"], ["H100-SXM", "gemm"], ["B200", "gemm"]]
+    many = {"vllm": [_row("vllm", "H100-SXM", f"gemm{i}", 1.0 + i) for i in range(8)]}
+    assert len(above_table(many)) == 4 + 5
 
 
 def test_device_table_shows_the_previous_fit_beside_this_one():
