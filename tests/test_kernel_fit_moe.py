@@ -810,13 +810,19 @@ def test_the_shipped_sglang_triton_config_moe_fits_price_held_out_layouts(
     assert scored["median_ape_after"] <= 10.0
 
 
-@pytest.mark.parametrize(("flag", "engine"), [("remote_slots", "sglang"),
-                                              ("slot_kernels", "trtllm")])
-def test_a_written_profile_keeps_a_moe_flag(flag: str, engine: str, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kernel_fit --write`` keeps a MoE fit's flag (``remote_slots``: the other ranks'
-    slots; ``slot_kernels``: the routing kernels' work per slot) where a fit took it and
-    leaves the key out where it did not; the profile loads back with the same fits."""
+@pytest.mark.parametrize(("terms", "engine"), [
+    ({"remote_slots": True}, "sglang"),
+    ({"slot_kernels": True}, "trtllm"),
+    ({"expert_block_gbs": 8.7, "expert_block_m": 64, "expert_block_n": 64,
+      "expert_blocks_per_sm": 8.0}, "sglang"),
+])
+def test_a_written_profile_keeps_a_moe_fits_terms(terms: dict[str, object], engine: str,
+                                                  tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel_fit --write`` keeps a MoE fit's terms (``remote_slots``: the other ranks'
+    slots; ``slot_kernels``: the routing kernels' work per slot; the Triton blocks'
+    streaming rate and shape) where a fit took them and leaves their keys out where it did
+    not; the profile loads back with the same fits."""
     import shutil
 
     import yaml
@@ -829,16 +835,16 @@ def test_a_written_profile_keeps_a_moe_flag(flag: str, engine: str, tmp_path: Pa
     monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
     base = OperatorFit(compute=0.5, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=4.0,
                        tile_m=64, tile_n=64)
-    fits = {"moe": base.model_copy(update={flag: True}), "moe_fp8": base}
+    fits = {"moe": base.model_copy(update=terms), "moe_fp8": base}
     load_device.cache_clear()
     try:
         path = writer.write_profile(load_device("H100-SXM"), fits, [], engine, "test source")
         written = yaml.safe_load(path.read_text())["operators"][engine]["fits"]
-        assert written["moe"][flag] is True
-        assert flag not in written["moe_fp8"]
+        assert {name: written["moe"][name] for name in terms} == terms
+        assert not set(terms) & set(written["moe_fp8"])
         loaded = load_device("H100-SXM").operator_fits(engine)
         assert loaded["moe"] == fits["moe"].model_copy(update={"rows": loaded["moe"].rows})
-        assert getattr(loaded["moe_fp8"], flag) is False
+        assert loaded["moe_fp8"] == base.model_copy(update={"rows": loaded["moe_fp8"].rows})
     finally:
         load_device.cache_clear()
 
@@ -1280,34 +1286,3 @@ def test_the_shipped_sglang_default_block_moe_fits_price_held_out_layouts(device
     fitted = dev.operators["sglang"].fits["moe"]
     assert fitted.expert_block_gbs > 0
     assert evaluate(samples, dev, fitted)["median_ape_after"] <= 10.0
-
-
-def test_a_written_profile_keeps_the_expert_blocks_where_a_fit_took_them(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kernel_fit --write`` keeps a MoE fit's Triton block terms where it took them and
-    leaves their keys out where it did not; the profile loads back with the same fits."""
-    import shutil
-
-    import yaml
-
-    import simulator.validation.kernel_fit_profile as writer
-    from simulator.hardware import registry
-
-    shutil.copytree(registry.profiles_dir() / "devices", tmp_path / "devices")
-    monkeypatch.setattr(registry, "profiles_dir", lambda: tmp_path)
-    monkeypatch.setattr(writer, "profiles_dir", lambda: tmp_path)
-    base = OperatorFit(compute=0.5, half_flops=0.0, memory=0.7, half_bytes=0.0, floor_us=4.0,
-                       tile_m=64, tile_n=64)
-    names = ("expert_block_gbs", "expert_block_m", "expert_block_n", "expert_blocks_per_sm")
-    fits = {"moe": base.model_copy(update=dict(zip(names, (8.7, 64, 64, 8.0), strict=True))),
-            "moe_fp8": base}
-    load_device.cache_clear()
-    try:
-        path = writer.write_profile(load_device("H100-SXM"), fits, [], "sglang", "test source")
-        written = yaml.safe_load(path.read_text())["operators"]["sglang"]["fits"]
-        assert [written["moe"][n] for n in names] == [8.7, 64, 64, 8.0]
-        assert not set(names) & set(written["moe_fp8"])
-        loaded = load_device("H100-SXM").operator_fits("sglang")
-        assert loaded["moe"] == fits["moe"].model_copy(update={"rows": loaded["moe"].rows})
-    finally:
-        load_device.cache_clear()

@@ -31,7 +31,7 @@ import itertools
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -401,6 +401,22 @@ def _exp(v: float) -> float:
     return math.exp(min(v, 40.0))
 
 
+def _capped_exp(cap: float) -> Callable[[float], float]:
+    return lambda v: min(_exp(v), cap)
+
+
+def _exponent(v: float) -> float:
+    """A fitted exponent, within [-2, 2]."""
+    return float(np.clip(v, -2, 2))
+
+
+def _pop(x: np.ndarray, on: bool, value: Callable[[float], float],
+         off: float = 0.0) -> tuple[float, np.ndarray]:
+    """Where a term is fitted (``on``), its value from the last fitted element of ``x`` and
+    ``x`` without that element; else ``off`` and ``x`` as it is."""
+    return (value(x[-1]), x[:-1]) if on else (off, x)
+
+
 # Only decode attention is fitted with the parallel-units fill term
 # ``bytes * (units + half_units) / units`` (``half_units`` is 0 in every other fit).
 # Elsewhere a batch can add a unit with little work (a GEMM row streams no new weights, a
@@ -430,20 +446,12 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
     # (OperatorFit.expanded_block_ns); with ``kv_write`` (prefill attention) the last left
     # after those is log(kv_write_ps), stripped next (OperatorFit.kv_write_ps).
     block_m, block_n, per_sm = expert_block
-    expert_gbs = min(_exp(x[-1]), 1e4) if block_m else 0.0
-    if block_m:
-        x = x[:-1]
-    expanded_ns = min(_exp(x[-1]), 1e4) if expanded else 0.0
-    if expanded:
-        x = x[:-1]
-    write_ps = min(_exp(x[-1]), 1e4) if kv_write else 0.0
-    if kv_write:
-        x = x[:-1]
+    expert_gbs, x = _pop(x, bool(block_m), _capped_exp(1e4))
+    expanded_ns, x = _pop(x, expanded, _capped_exp(1e4))
+    write_ps, x = _pop(x, kv_write, _capped_exp(1e4))
     # With ``depth`` (GEMM families) the last element left is log(per_k_ps), stripped next
     # (OperatorFit.per_k_ps).
-    per_k = min(_exp(x[-1]), 1e5) if depth else 0.0
-    if depth:
-        x = x[:-1]
+    per_k, x = _pop(x, depth, _capped_exp(1e5))
     # With ``head_block`` (MLA decode in a split-KV kernel's head blocks) the last two
     # elements left are log(head_block_rows) and the logit of head_block_reread, stripped
     # next (OperatorFit.head_block).
@@ -453,9 +461,7 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
         x = x[:-2]
     # With ``qcopy`` (decode attention with a group limit) the very last element is
     # log(q_copy_us), stripped before all others (OperatorFit.q_copy_us).
-    q_copy = min(_exp(x[-1]), 100.0) if qcopy and group_limit else 0.0
-    if qcopy and group_limit:
-        x = x[:-1]
+    q_copy, x = _pop(x, bool(qcopy and group_limit), _capped_exp(100.0))
     # With ``block_sms`` (a whole-context decode kernel; the device's SMs) the very last
     # element is log(block_gbs), stripped before all others (OperatorFit.block_gbs).
     # With ``width`` (decode attention with a group limit) the last element is the grouped
@@ -469,31 +475,17 @@ def _to_fit(x: np.ndarray, rows: int, tile_m: int = 0, tile_n: int = 0,
     # exponent (OperatorFit.head_dim_exp); with ``exposed``, the one before that is the
     # logit of OperatorFit.exposed; with ``per_group``, the one before that is
     # log(per_group_ns); the others keep their places below.
-    block_gbs = min(_exp(x[-1]), 1e4) if block_sms else 0.0
-    if block_sms:
-        x = x[:-1]
-    rope_us = min(_exp(x[-1]), 100.0) if rope else 0.0
-    if rope:
-        x = x[:-1]
-    row_exp = float(np.clip(x[-1], -2, 2)) if width else 0.0
-    if width:
-        x = x[:-1]
+    block_gbs, x = _pop(x, bool(block_sms), _capped_exp(1e4))
+    rope_us, x = _pop(x, rope, _capped_exp(100.0))
+    row_exp, x = _pop(x, width, _exponent)
     after_us, rate = ((100.0 + min(_exp(x[-2]), 1e6), 0.2 + 0.8 * _sig(x[-1])) if sustained
                       else (0.0, 1.0))
     if sustained:
         x = x[:-2]
-    speedup = min(1.0 + _exp(x[-1]), 20.0) if l2 else 1.0
-    if l2:
-        x = x[:-1]
-    decode_exp = float(np.clip(x[-1], -2, 2)) if decode_hd else 0.0
-    if decode_hd:
-        x = x[:-1]
-    share = _sig(x[-1]) if exposed else 0.0
-    if exposed:
-        x = x[:-1]
-    group_ns = _exp(x[-1]) if per_group else 0.0
-    if per_group:
-        x = x[:-1]
+    speedup, x = _pop(x, l2, lambda v: min(1.0 + _exp(v), 20.0), off=1.0)
+    decode_exp, x = _pop(x, decode_hd, _exponent)
+    share, x = _pop(x, exposed, _sig)
+    group_ns, x = _pop(x, per_group, _exp)
     # With ``head_tile`` (MLA decode without split-KV, which has none of the terms below),
     # x[7] is log(resident_blocks).
     resident = _exp(x[7]) if head_tile and len(x) > 7 else 0.0
