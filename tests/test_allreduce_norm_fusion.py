@@ -66,8 +66,10 @@ def test_the_workspace_follows_the_device_tp_and_the_hidden_size() -> None:
     assert load_engine("sglang").norm_fusion_bytes("H100-SXM", 8, 8192) == 0.0
     with pytest.raises(ValidationError, match=r"max_message_bytes_by_tp: tp 1 -> 8.0; allowed"):
         AllReduceNormFusion(max_message_bytes_by_tp={1: 8.0})
-    with pytest.raises(ValidationError, match="allowed: tp >= 2 -> bytes > 0"):
-        AllReduceNormFusion(max_message_bytes_by_tp={2: 0.0})
+    with pytest.raises(ValidationError, match=r"allowed: tp >= 2 -> bytes >= 0"):
+        AllReduceNormFusion(max_message_bytes_by_tp={2: -1.0})
+    gaps = AllReduceNormFusion(max_message_bytes_by_tp={2: 8.0, 3: 0.0, 4: 2.0, 5: 0.0})
+    assert [gaps.max_message_bytes(tp, 1) for tp in (2, 3, 4, 6, 8)] == [8.0, 0.0, 2.0, 0.0, 0.0]
 
 
 def _scenario(model: str, device: str, tp: int, engine: str) -> Scenario:
@@ -89,6 +91,7 @@ def _scenario(model: str, device: str, tp: int, engine: str) -> Scenario:
     ("Llama-3.1-70B", "L40S", 2, "trtllm", 0.0),  # no NVLink: NCCL, norms apart
     ("Llama-3.1-70B", "H100-SXM", 4, "vllm", 2 * 2**20),
     ("Llama-3.1-70B", "B200", 4, "vllm", 32 * 2**20),
+    ("Llama-3.1-70B", "H100-SXM", 8, "vllm", 2**19),
     ("Llama-3.1-70B", "H100-SXM", 4, "sglang", 0.0),
     ("Llama-3.1-70B", "H100-SXM", 4, "vllm-0.6", 0.0),
 ])

@@ -104,16 +104,16 @@ class AllReduceNormFusion(BaseModel):
     max_message_bytes_by_tp: dict[int, float] = Field(min_length=1, description=(
         "Largest all-reduce, bytes, the fused kernel takes, by tensor-parallel size (its "
         "workspace); a larger one runs as a plain all-reduce with the residual add and "
-        "norm after it. A TP size not listed takes the largest listed size below it; "
-        "below every listed size nothing is fused."))
+        "norm after it; 0 = not fused at that TP size. A TP size not listed takes the "
+        "largest listed size below it; below every listed size nothing is fused."))
 
     @field_validator("max_message_bytes_by_tp")
     @classmethod
     def _sizes(cls, value: dict[int, float]) -> dict[int, float]:
         for tp, size in value.items():
-            if tp < 2 or not size > 0:
+            if tp < 2 or not size >= 0:
                 raise ValueError(f"max_message_bytes_by_tp: tp {tp} -> {size}; allowed: "
-                                 "tp >= 2 -> bytes > 0")
+                                 "tp >= 2 -> bytes >= 0 (0: not fused at that size)")
         return value
 
     def covers(self, device: str) -> bool:
