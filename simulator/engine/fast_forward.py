@@ -83,7 +83,8 @@ def mutates(fn: F) -> F:
             if jump.cut(now):  # the first write: the step running now ends the jump
                 self.process.interrupt("cut")
         out = fn(self, *args, **kwargs)
-        self._load_changed()  # a write may change what routers read
+        if self.on_load_change is not None:  # a write may change what routers read
+            self.on_load_change(self)
         return out
 
     gated.__gate__ = "mutates"  # type: ignore[attr-defined]
@@ -106,8 +107,8 @@ class Jump:
                  "series", "start", "used")
 
     def __init__(self, decodes: list[Request], start: float, series: DecodeSeries,
-                 ctx: list[int], held: list[int], pinned: list[int], extra: list[int],
-                 kv_used: int, queue_len: int, running: int) -> None:
+                 ctx: list[int], ctx_sum: int, held: list[int], pinned: list[int],
+                 extra: list[int], kv_used: int, queue_len: int, running: int) -> None:
         self.decodes = decodes
         self.start = start
         self.series = series
@@ -115,9 +116,11 @@ class Jump:
         self.bounds = series.bound
         self.k = len(series.seconds)
         # Sequential sums, as numpy's cumsum adds (bit for bit).
-        self.ends: list[float] = list(accumulate(series.seconds, initial=start))[1:]
+        ends = list(accumulate(series.seconds, initial=start))
+        del ends[0]
+        self.ends: list[float] = ends
         self.ctx, self.held, self.pinned = ctx, held, pinned
-        self.ctx_sum = sum(ctx)
+        self.ctx_sum = ctx_sum  # sum(ctx)
         self.extra = extra  # cumulative extra KV blocks before step j
         self.booked = 1  # steps whose KV is booked (step 0's came with the batch)
         self.used = [kv_used]  # KV used after booking step j
@@ -315,6 +318,7 @@ def plan_jump(decodes: list[Request], kv: BlockManager, prices: StepPrices,
     k = remaining if extra[-1] <= kv.available else bisect_right(extra, kv.available)
     if k < MIN_JUMP:
         return None
-    series = prices.series(n, sum(ctx), k, max(ctx))
-    return Jump(decodes, start, series, ctx, held, pinned, extra[:k], kv.used, queue_len,
-                running)
+    ctx_sum = sum(ctx)
+    series = prices.series(n, ctx_sum, k, max(ctx))
+    return Jump(decodes, start, series, ctx, ctx_sum, held, pinned, extra[:k], kv.used,
+                queue_len, running)

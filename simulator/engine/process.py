@@ -125,8 +125,10 @@ class ServingProcess:
 
     def _serve(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
+        # One stage never holds a micro-batch between passes (only _pipeline enters it).
+        staged = self.pp > 1
         while True:
-            if self._pipe.full:
+            if staged and self._pipe.full:
                 # Every pipeline slot holds a micro-batch: wait for one to leave.
                 self._wake = env.event()
                 yield self._wake
@@ -146,7 +148,8 @@ class ServingProcess:
                 continue
             speed = self._life.speed
             if (self.fast_forward and not batch.chunks and speed == 1.0 and batch.stable
-                    and len(batch.decodes) == len(self._running) and not self._swap_due()):
+                    and len(batch.decodes) == len(self._running)
+                    and (self._swap is None or not self._swap_due())):
                 kv = self._kv
                 jump = plan_jump(batch.decodes, kv.blocks, self._prices,
                                  kv.pinned_blocks if kv.cache is not None else None, env.now,
@@ -229,7 +232,8 @@ class ServingProcess:
         finished = jump.apply(done, self._kv.blocks, self.recorder, self.index,
                               len(self._waiting), len(self._running))
         self.scheduler.advance(done - 1)  # the first step was scheduled as usual
-        self._load_changed()  # settling may give back KV a reader booked
+        if self.on_load_change is not None:  # settling may give back KV a reader booked
+            self.on_load_change(self)
         if done > 1:
             self._preempted_last = False  # the jumped steps preempted nothing
         for r in finished:
@@ -280,9 +284,14 @@ class ServingProcess:
         view = SchedulerView(waiting, self._running, len(self._held), self._kv,
                              self._limits, self._priority)
         out = self.scheduler.schedule(view)
-        self._load_changed()  # admissions and preemptions move queue, batch and KV
-        now = self.env.now
+        if self.on_load_change is not None:  # admissions and preemptions move queue, batch, KV
+            self.on_load_change(self)
         self._preempted_last = bool(out.preempted)
+        if not out.preempted and not out.admitted:  # the step's batch is the running one's
+            if not out.chunks and not out.decodes:  # out.empty
+                return None
+            return Batch(out.chunks, out.decodes, stable=self.scheduler.stable(view))
+        now = self.env.now
         readmitted = {a.request.id for a in out.admitted} if out.preempted else _NONE
         for req in out.preempted:
             self._running.remove(req)
@@ -323,7 +332,7 @@ class ServingProcess:
                 req.prefill_start_s = now
                 if self.on_prefill_start is not None:
                     self.on_prefill_start(self, req)
-        if out.empty:
+        if not out.chunks and not out.decodes:  # out.empty
             return None
         return Batch(out.chunks, out.decodes, stable=self.scheduler.stable(view))
 
@@ -331,9 +340,10 @@ class ServingProcess:
     def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
                 step: StepCost | SeriesStep, decode_tokens: int | None = None) -> None:
         # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
+        blocks = self._kv.blocks
         self.recorder.step(
             self.index, start, seconds, busy_s, shape.prefill_tokens, shape.prefill_seqs,
-            shape.decode_seqs, shape.decode_ctx_tokens, self._kv.used, self._kv.total,
+            shape.decode_seqs, shape.decode_ctx_tokens, blocks.used, blocks.total,
             len(self._waiting), len(self._running), step.bound, step.compute_s / self.pp,
             step.memory_s / self.pp, decode_tokens,
         )

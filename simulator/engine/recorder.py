@@ -117,23 +117,24 @@ class Recorder:
              prefill_seqs: int, decode_seqs: int, decode_ctx_tokens: int, kv_used: int,
              kv_total: int, queue_len: int, running: int, bound: str, compute_s: float,
              memory_s: float, decode_tokens: int | None = None) -> None:
-        s = self.steps
-        s["instance"].append(instance)
-        s["start_s"].append(start_s)
-        s["duration_s"].append(duration_s)
-        s["busy_s"].append(busy_s)
-        s["prefill_tokens"].append(prefill_tokens)
-        s["prefill_seqs"].append(prefill_seqs)
-        s["decode_seqs"].append(decode_seqs)
-        s["decode_ctx_tokens"].append(decode_ctx_tokens)
-        s["kv_used_blocks"].append(kv_used)
-        s["kv_total_blocks"].append(kv_total)
-        s["queue_len"].append(queue_len)
-        s["running"].append(running)
-        s["bound"].append(_BOUND_CODE[bound])
-        s["compute_s"].append(compute_s)
-        s["memory_s"].append(memory_s)
-        s["decode_tokens"].append(decode_seqs if decode_tokens is None else decode_tokens)
+        (inst, start, dur, busy, p_tokens, p_seqs, d_seqs, d_ctx, kv_used_col, kv_total_col,
+         queue, run, bound_col, comp, mem, d_tokens) = self._step_arrays
+        inst.append(instance)
+        start.append(start_s)
+        dur.append(duration_s)
+        busy.append(busy_s)
+        p_tokens.append(prefill_tokens)
+        p_seqs.append(prefill_seqs)
+        d_seqs.append(decode_seqs)
+        d_ctx.append(decode_ctx_tokens)
+        kv_used_col.append(kv_used)
+        kv_total_col.append(kv_total)
+        queue.append(queue_len)
+        run.append(running)
+        bound_col.append(_BOUND_CODE[bound])
+        comp.append(compute_s)
+        mem.append(memory_s)
+        d_tokens.append(decode_seqs if decode_tokens is None else decode_tokens)
 
     def steps_bulk(self, instance: int, starts: Sequence[float], durations: Column,
                    decode_seqs: int, decode_ctx: Sequence[int], kv_used: Sequence[int],

@@ -113,6 +113,8 @@ class VllmV1:
         self._preempted = bool(out.preempted)
         if out.preempted:
             return out  # vLLM admits nothing new in a step that preempted
+        if not view.waiting:  # nothing to admit (a decode instance, mostly)
+            return out
         count = len(running)
         for req in ordered_waiting(view):
             if budget <= 0 or count >= lim.max_running:
@@ -159,13 +161,12 @@ class VllmV1:
             return 0
         lead = running[:m] if m < len(running) else running
         needs = kv.decode_needs(lead, lookahead)
-        total = sum([n for n in needs if n > 0])
-        if total:
-            if not kv.can_allocate(total):
+        grows = [(req, n) for req, n in zip(lead, needs, strict=True) if n > 0]
+        if grows:
+            if not kv.can_allocate(sum([n for _, n in grows])):
                 return 0
-            for req, n in zip(lead, needs, strict=True):
-                if n > 0:
-                    kv.grow(req, n)
+            for req, n in grows:
+                kv.grow(req, n)
         decodes.extend(lead)
         return m
 
