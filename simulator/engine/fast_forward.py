@@ -101,10 +101,9 @@ class Jump:
     and steps of a typical jump (measured: benchmarks/README.md).
     """
 
-    __slots__ = ("booked", "bounds", "cancelled", "ctx", "ctx_sum", "cut_at", "decodes", "ends",
-                 "extra",
-                 "held", "k", "last_sync", "pinned", "queue_len", "running", "seconds",
-                 "series", "start", "used")
+    __slots__ = ("booked", "cancelled", "ctx", "ctx_sum", "cut_at", "decodes", "ends", "extra",
+                 "held", "k", "last_sync", "pinned", "queue_len", "running", "series", "start",
+                 "used")
 
     def __init__(self, decodes: list[Request], start: float, series: DecodeSeries,
                  ctx: list[int], ctx_sum: int, held: list[int], pinned: list[int],
@@ -112,8 +111,6 @@ class Jump:
         self.decodes = decodes
         self.start = start
         self.series = series
-        self.seconds = series.seconds
-        self.bounds = series.bound
         self.k = len(series.seconds)
         # Sequential sums, as numpy's cumsum adds (bit for bit).
         ends = list(accumulate(series.seconds, initial=start))
@@ -201,11 +198,14 @@ class Jump:
         decodes, start, ends = self.decodes, self.start, self.ends
         n = len(decodes)
         used, queue, run = self.row_values(done, kv.used, queue_len, running)
-        series = self.series
+        seconds, bounds, compute_s, memory_s = self.series
+        if done < self.k:  # cut short: its first ``done`` steps
+            seconds, bounds = seconds[:done], bounds[:done]
+            compute_s, memory_s = compute_s[:done], memory_s[:done]
         recorder.steps_bulk(
-            index, [start, *ends[: done - 1]], self.seconds[:done], n,
+            index, [start, *ends[: done - 1]], seconds, n,
             range(self.ctx_sum, self.ctx_sum + n * done, n), used, kv.total, queue,
-            run, self.bounds[:done], series.compute_s[:done], series.memory_s[:done],
+            run, bounds, compute_s, memory_s,
         )
         bs, last, cancelled = kv.block_size, done - 1, self.cancelled
         finished = []

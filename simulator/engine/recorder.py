@@ -107,6 +107,8 @@ class Recorder:
             name: array(code) for name, code in STRETCH_COLUMNS}
         self.stretch_steps: dict[str, array[Any]] = {
             name: array(code) for name, code in STRETCH_STEP_COLUMNS}
+        self._stretch_arrays = tuple(self.stretches.values())
+        self._stretch_step_arrays = tuple(self.stretch_steps.values())
         self.transfers: dict[str, array[Any]] = {
             name: array(code) for name, code in TRANSFER_COLUMNS}
         self.requests = RequestLog()
@@ -184,22 +186,25 @@ class Recorder:
                               else all(decode_ctx[j] == c0 + decode_seqs * j
                                        for j in range(n)))):
             raise ValueError("a stretch's steps must share queue, batch and context growth")
-        t = self.stretches
-        t["instance"].append(instance)
-        t["steps"].append(n)
-        t["decode_seqs"].append(decode_seqs)
-        t["decode_ctx_start"].append(int(c0))
-        t["kv_total_blocks"].append(kv_total)
-        t["queue_len"].append(int(q0))
-        t["running"].append(int(r0))
-        t["queue_len_last"].append(int(queue_len[-1]))
-        t["running_last"].append(int(running[-1]))
-        t["row_at"].append(len(self.steps["instance"]))
-        p = self.stretch_steps
-        for name, values in (("start_s", starts), ("duration_s", durations),
-                             ("compute_s", compute_s), ("memory_s", memory_s),
-                             ("bound", bounds), ("kv_used_blocks", kv_used)):
-            _extend(p[name], values)
+        (inst, steps, seqs, ctx_start, total, queue, run, queue_last, run_last,
+         row_at) = self._stretch_arrays
+        inst.append(instance)
+        steps.append(n)
+        seqs.append(decode_seqs)
+        ctx_start.append(int(c0))
+        total.append(kv_total)
+        queue.append(int(q0))
+        run.append(int(r0))
+        queue_last.append(int(queue_len[-1]))
+        run_last.append(int(running[-1]))
+        row_at.append(len(self._step_arrays[0]))
+        start, dur, comp, mem, bound, used = self._stretch_step_arrays
+        _extend(start, starts)
+        _extend(dur, durations)
+        _extend(comp, compute_s)
+        _extend(mem, memory_s)
+        _extend(bound, bounds)
+        _extend(used, kv_used)
 
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
@@ -382,6 +387,9 @@ def _one_instance(cols: dict[str, np.ndarray], t: dict[str, np.ndarray],
 def _extend(col: array[Any], values: Column) -> None:
     """Append ``values`` to ``col``: an ``array`` or numpy array of the column's own type
     at once, anything else (lists, other types) value by value, as ``array`` converts it."""
+    if type(values) is list:
+        col.extend(values)
+        return
     if isinstance(values, array):
         col.extend(values if values.typecode == col.typecode else values.tolist())
         return
