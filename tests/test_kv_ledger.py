@@ -1,4 +1,4 @@
-"""The ledgers' one-call decode needs are their per-request growth needs."""
+"""The ledgers' one-call decode growth is their per-request growth needs, where positive."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ sequences = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 300), st.int
 
 @settings(max_examples=200, deadline=None)
 @given(sequences, st.sampled_from([1, 16, 32]), st.integers(0, 4), st.booleans())
-def test_decode_needs_equal_growth_need_of_each(seqs, bs, lookahead, cached) -> None:
+def test_decode_growth_is_the_positive_growth_need_of_each(seqs, bs, lookahead,
+                                                           cached) -> None:
     reqs = []
     for i, (prompt, generated, blocks, pins) in enumerate(seqs):
         req = Request(i, 0.0, prompt, generated + 10)
@@ -26,5 +27,6 @@ def test_decode_needs_equal_growth_need_of_each(seqs, bs, lookahead, cached) -> 
     ledgers = [KVManager(10_000, bs, cache),
                PlainLedger(10_000, bs, blocks={r.id: r.blocks for r in reqs})]
     for kv in ledgers:
-        expected = [kv.growth_need(r, r.context_tokens + lookahead) for r in reqs]
-        assert kv.decode_needs(reqs, lookahead) == expected
+        needs = [kv.growth_need(r, r.context_tokens + lookahead) for r in reqs]
+        expected = [(r, n) for r, n in zip(reqs, needs, strict=True) if n > 0]
+        assert kv.decode_growth(reqs, lookahead) == expected

@@ -78,12 +78,19 @@ class KVManager:
         pinned = req.cache_pins * cache.blocks_per_entry if cache is not None else 0
         return -(-tokens // self.block_size) - req.blocks - pinned
 
-    def decode_needs(self, reqs: Sequence[Request], lookahead: int) -> list[int]:
-        # growth_need of each, without a call per request (the decode pass of every step).
+    def decode_growth(self, reqs: Sequence[Request],
+                      lookahead: int) -> list[tuple[Request, int]]:
+        # growth_need of each, without a call per request (the decode pass of every step);
+        # with no prefix cache nothing is pinned.
         bs = self.block_size
-        per = self.cache.blocks_per_entry if self.cache is not None else 0
-        return [-(-(r.prompt_tokens + r.generated + lookahead) // bs) - r.blocks
-                - r.cache_pins * per for r in reqs]
+        if self.cache is None:
+            return [(r, n) for r in reqs
+                    if (n := -(-(r.prompt_tokens + r.generated + lookahead) // bs)
+                        - r.blocks) > 0]
+        per = self.cache.blocks_per_entry
+        return [(r, n) for r in reqs
+                if (n := -(-(r.prompt_tokens + r.generated + lookahead) // bs) - r.blocks
+                    - r.cache_pins * per) > 0]
 
     def grow(self, req: Request, blocks: int) -> None:
         self.blocks.allocate(blocks)

@@ -54,9 +54,11 @@ class KVLedger(Protocol):
         """Blocks ``req`` lacks to hold ``tokens`` tokens (<= 0: none)."""
         ...
 
-    def decode_needs(self, reqs: Sequence[Request], lookahead: int) -> list[int]:
-        """``growth_need(r, r.context_tokens + lookahead)`` of each of ``reqs`` (the blocks
-        each lacks for its next decode token and ``lookahead`` draft slots), in one call."""
+    def decode_growth(self, reqs: Sequence[Request],
+                      lookahead: int) -> list[tuple[Request, int]]:
+        """Each of ``reqs`` that lacks blocks for its next decode token and ``lookahead``
+        draft slots, with how many (``growth_need(r, r.context_tokens + lookahead)`` where
+        it is positive), in order, in one call."""
         ...
 
     def grow(self, req: Request, blocks: int) -> None:
@@ -211,8 +213,10 @@ class PlainLedger:
     def growth_need(self, req: Request, tokens: int) -> int:
         return self.blocks_for(tokens) - self.blocks.get(req.id, 0)
 
-    def decode_needs(self, reqs: Sequence[Request], lookahead: int) -> list[int]:
-        return [self.growth_need(r, r.context_tokens + lookahead) for r in reqs]
+    def decode_growth(self, reqs: Sequence[Request],
+                      lookahead: int) -> list[tuple[Request, int]]:
+        return [(r, n) for r in reqs
+                if (n := self.growth_need(r, r.context_tokens + lookahead)) > 0]
 
     def grow(self, req: Request, blocks: int) -> None:
         if blocks > self.free:

@@ -160,8 +160,7 @@ class VllmV1:
         if not m:
             return 0
         lead = running[:m] if m < len(running) else running
-        needs = kv.decode_needs(lead, lookahead)
-        grows = [(req, n) for req, n in zip(lead, needs, strict=True) if n > 0]
+        grows = kv.decode_growth(lead, lookahead)
         if grows:
             if not kv.can_allocate(sum([n for _, n in grows])):
                 return 0
