@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 from simulator.hardware.profiles import LinkProfile
 
@@ -22,8 +23,9 @@ class ResourceSpec:
     """Instance whose outgoing hand-offs this resource carries (link faults target it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class FlowSpec:
+class FlowSpec(NamedTuple):
+    """A flow to start (a tuple: a hand-off builds a few of them for every request)."""
+
     resources: tuple[ResourceSpec, ...]
     nbytes: float
     cap: float = INF
