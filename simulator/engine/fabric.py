@@ -203,8 +203,8 @@ class Fabric:
         soonest = INF
         for flow, rate in zip(flows, rates, strict=True):
             flow.rate = rate
-            if rate > 0:
-                soonest = min(soonest, flow.remaining / rate)
+            if rate > 0 and flow.remaining / rate < soonest:
+                soonest = flow.remaining / rate
         if soonest == INF:
             return False
         now = self.env.now

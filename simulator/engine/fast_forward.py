@@ -320,5 +320,5 @@ def plan_jump(decodes: list[Request], kv: BlockManager, prices: StepPrices,
         return None
     ctx_sum = sum(ctx)
     series = prices.series(n, ctx_sum, k, max(ctx))
-    return Jump(decodes, start, series, ctx, ctx_sum, held, pinned, extra[:k], kv.used,
-                queue_len, running)
+    return Jump(decodes, start, series, ctx, ctx_sum, held, pinned,
+                extra if k == remaining else extra[:k], kv.used, queue_len, running)

@@ -60,7 +60,7 @@ class KVManager:
         return req.blocks + self.pinned_blocks(req)
 
     def prefix_hit(self, req: Request) -> int:
-        return self.prefix_match_tokens(req)
+        return self.prefix_match_tokens(req) if self.cache is not None else 0
 
     def pinned_blocks(self, req: Request) -> int:
         """KV blocks of ``req`` that the prefix cache owns (its pinned leading blocks)."""
