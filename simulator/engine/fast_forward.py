@@ -173,21 +173,19 @@ class Jump:
     def steps_ended_by(self, now: float) -> int:
         return bisect_right(self.ends, now)
 
-    def row_values(self, done: int, kv_used: int, queue_len: int,
-                   running: int) -> tuple[list[int], list[int], list[int]]:
-        """KV used, queue length and running count of each of the first ``done`` steps.
+    def row_values(self, done: int, kv_used: int) -> tuple[list[int], int]:
+        """KV used of each of the first ``done`` steps, and how many of them ended before
+        the first outside write.
 
-        Steps that ended before the first outside write record the jump's own state; the
-        steps ending at or after it (the one running at that write) record the state at
-        its end (the arguments).
+        Steps that ended before the first outside write record the jump's own state (its
+        KV booked, the queue and batch of its start); the steps ending at or after it (the
+        one running at that write) record the state at its end.
         """
         used = self.used[:done]
         late = done if self.cut_at is None else bisect_left(self.ends, self.cut_at, 0, done)
-        rest = done - late
-        if rest:
-            used[late:] = [kv_used] * rest
-        return (used, [self.queue_len] * late + [queue_len] * rest,
-                [self.running] * late + [running] * rest)
+        if late < done:
+            used[late:] = [kv_used] * (done - late)
+        return used, late
 
     # ----- booking the result --------------------------------------------------------
     def apply(self, done: int, kv: BlockManager, recorder: Recorder, index: int,
@@ -197,16 +195,28 @@ class Jump:
         self.settle(kv, done)
         decodes, start, ends = self.decodes, self.start, self.ends
         n = len(decodes)
-        used, queue, run = self.row_values(done, kv.used, queue_len, running)
+        used, late = self.row_values(done, kv.used)
         seconds, bounds, compute_s, memory_s = self.series
         if done < self.k:  # cut short: its first ``done`` steps
             seconds, bounds = seconds[:done], bounds[:done]
             compute_s, memory_s = compute_s[:done], memory_s[:done]
-        recorder.steps_bulk(
-            index, [start, *ends[: done - 1]], seconds, n,
-            range(self.ctx_sum, self.ctx_sum + n * done, n), used, kv.total, queue,
-            run, bounds, compute_s, memory_s,
-        )
+        starts = [start, *ends[: done - 1]]
+        q0, r0 = self.queue_len, self.running
+        if recorder.record_steps == "all":
+            rest = done - late
+            recorder.steps_bulk(
+                index, starts, seconds, n, range(self.ctx_sum, self.ctx_sum + n * done, n),
+                used, kv.total, [q0] * late + [queue_len] * rest,
+                [r0] * late + [running] * rest, bounds, compute_s, memory_s,
+            )
+        else:  # one stretch row: only the step running at a cut ends in the state after it
+            assert done - late <= 1
+            recorder.stretch(
+                index, starts, seconds, n, self.ctx_sum, used, kv.total,
+                q0 if late else queue_len, r0 if late else running,
+                queue_len if late < done else q0, running if late < done else r0,
+                bounds, compute_s, memory_s,
+            )
         bs, last, cancelled = kv.block_size, done - 1, self.cancelled
         finished = []
         for r, c, h, p in zip(decodes, self.ctx, self.held, self.pinned, strict=True):

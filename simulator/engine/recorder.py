@@ -186,17 +186,30 @@ class Recorder:
                               else all(decode_ctx[j] == c0 + decode_seqs * j
                                        for j in range(n)))):
             raise ValueError("a stretch's steps must share queue, batch and context growth")
-        (inst, steps, seqs, ctx_start, total, queue, run, queue_last, run_last,
+        self.stretch(instance, starts, durations, decode_seqs, int(c0), kv_used, kv_total,
+                     int(q0), int(r0), int(queue_len[-1]), int(running[-1]), bounds, compute_s,
+                     memory_s)
+
+    def stretch(self, instance: int, starts: Sequence[float], durations: Column,
+                decode_seqs: int, ctx_start: int, kv_used: Sequence[int], kv_total: int,
+                queue_len: int, running: int, queue_last: int, running_last: int,
+                bounds: Column, compute_s: Column, memory_s: Column) -> None:
+        """One stretch row of ``len(starts)`` decode-only steps (``record_steps`` other than
+        ``all``): their context sum starts at ``ctx_start`` and grows by ``decode_seqs`` a
+        step; every step but the last has ``queue_len`` queued and ``running`` running, the
+        last ``queue_last`` and ``running_last``. :meth:`steps_bulk` checks that its
+        per-step values are such a stretch; a jump records its steps here directly."""
+        (inst, steps, seqs, ctx_col, total, queue, run, queue_last_col, run_last,
          row_at) = self._stretch_arrays
         inst.append(instance)
-        steps.append(n)
+        steps.append(len(starts))
         seqs.append(decode_seqs)
-        ctx_start.append(int(c0))
+        ctx_col.append(ctx_start)
         total.append(kv_total)
-        queue.append(int(q0))
-        run.append(int(r0))
-        queue_last.append(int(queue_len[-1]))
-        run_last.append(int(running[-1]))
+        queue.append(queue_len)
+        run.append(running)
+        queue_last_col.append(queue_last)
+        run_last.append(running_last)
         row_at.append(len(self._step_arrays[0]))
         start, dur, comp, mem, bound, used = self._stretch_step_arrays
         _extend(start, starts)
