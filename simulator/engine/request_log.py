@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.engine.request import Request
+from simulator.engine.request import Request, State
 
 REQUEST_FIELDS = ("id", "arrival_s", "prompt_tokens", "output_tokens", "generated",
                   "prefix_tokens", "cached_tokens", "prefill_saved_s", "prefill_start_s",
@@ -53,6 +53,8 @@ _numeric_values = attrgetter(*_NUMERIC)
 # arrays value by value (an int beyond 8 bytes raises ``struct.error``).
 _ROW = struct.Struct(f"={_N_FLOAT}d{len(INT_FIELDS)}q")
 _FLOAT_BYTES = 8 * _N_FLOAT
+# Each state's ``status`` text by a dict lookup (an enum member's ``value`` is a property).
+_STATUS_TEXT = {s: s.value for s in State}
 
 
 class RequestLog:
@@ -93,7 +95,7 @@ class RequestLog:
             return
         positions = entry[1]
         values = _numeric_values(req)
-        text = (req.status.value, req.reason, req.klass)
+        text = (_STATUS_TEXT[req.status], req.reason, req.klass)
         if (tuple(map(type, values)) != _NUMERIC_TYPES
                 or tuple(map(type, text)) != (str, str, str)):
             self._kept.extend((pos, req) for pos in positions)
