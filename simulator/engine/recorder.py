@@ -101,7 +101,8 @@ class Recorder:
                              f"not {record_steps!r}")
         self.record_steps = record_steps
         self.steps: dict[str, array[Any]] = {name: array(code) for name, code in STEP_COLUMNS}
-        # The same arrays in STEP_COLUMNS order, unpacked at once by the per-step writers.
+        # Each table's arrays in its columns' order (the ``_arrays`` tuples), unpacked at once
+        # by the writers: one tuple unpacking instead of a dict lookup per column.
         self._step_arrays = tuple(self.steps.values())
         self.stretches: dict[str, array[Any]] = {
             name: array(code) for name, code in STRETCH_COLUMNS}
@@ -111,6 +112,7 @@ class Recorder:
         self._stretch_step_arrays = tuple(self.stretch_steps.values())
         self.transfers: dict[str, array[Any]] = {
             name: array(code) for name, code in TRANSFER_COLUMNS}
+        self._transfer_arrays = tuple(self.transfers.values())
         self.requests = RequestLog()
         self.events: list[tuple[float, str, str]] = []
 
@@ -221,15 +223,15 @@ class Recorder:
 
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
-        t = self.transfers
-        t["request_id"].append(request_id)
-        t["source"].append(source)
-        t["destination"].append(destination)
-        t["link"].append(link)
-        t["bytes"].append(nbytes)
-        t["start_s"].append(start_s)
-        t["end_s"].append(end_s)
-        t["exposed_s"].append(exposed_s)
+        ids, src, dst, links, sizes, starts, ends, exposed = self._transfer_arrays
+        ids.append(request_id)
+        src.append(source)
+        dst.append(destination)
+        links.append(link)
+        sizes.append(nbytes)
+        starts.append(start_s)
+        ends.append(end_s)
+        exposed.append(exposed_s)
 
     def event(self, time_s: float, kind: str, detail: str) -> None:
         self.events.append((time_s, kind, detail))
