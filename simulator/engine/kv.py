@@ -37,7 +37,10 @@ class BlockManager:
         return self.total - self.used + evictable
 
     def can_allocate(self, blocks: int) -> bool:
-        return blocks <= self.available
+        # ``available`` written out: this check runs at every booking.
+        cache = self.cache
+        return blocks <= (self.total - self.used
+                          + (cache.evictable_blocks if cache is not None else 0))
 
     def allocate(self, blocks: int) -> None:
         if blocks < 0:

@@ -151,7 +151,9 @@ class KVManager:
 
     def can_reserve_for(self, req: Request) -> bool:
         """Room for an incoming hand-off's KV (its context and the next token)."""
-        return self.blocks.can_allocate(self.blocks.blocks_for(req.context_tokens + 1))
+        blocks = self.blocks
+        return blocks.can_allocate(-(-(req.prompt_tokens + req.generated + 1)
+                                     // blocks.block_size))
 
     def reserve(self, req: Request) -> None:
         """Book an incoming hand-off's KV. With a prefix cache, the prompt's leading blocks
