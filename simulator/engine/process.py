@@ -287,7 +287,7 @@ class ServingProcess:
         if self.on_load_change is not None:  # admissions and preemptions move queue, batch, KV
             self.on_load_change(self)
         self._preempted_last = bool(out.preempted)
-        if not out.preempted and not out.admitted:  # the step's batch is the running one's
+        if not out.preempted and not out.admitted:  # nothing moves between queue and batch
             if not out.chunks and not out.decodes:  # out.empty
                 return None
             return Batch(out.chunks, out.decodes, stable=self.scheduler.stable(view))
@@ -339,8 +339,8 @@ class ServingProcess:
     # ----- apply: results of a step ----------------------------------------------------
     def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
                 step: StepCost | SeriesStep, decode_tokens: int | None = None) -> None:
-        # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         blocks = self._kv.blocks
+        # Compute and memory seconds per device: a pipeline's stages run on different GPUs.
         self.recorder.step(
             self.index, start, seconds, busy_s, shape.prefill_tokens, shape.prefill_seqs,
             shape.decode_seqs, shape.decode_ctx_tokens, blocks.used, blocks.total,
