@@ -150,11 +150,12 @@ GB/s for 1 / 2 / 4 / 8 sequences; with a BF16 KV cache one sequence streams 623 
 ROW_WIDTH_ENGINES = ("trtllm",)
 Q_COPY_ENGINES = ("vllm",)
 
-KV_WRITE_TABLES: dict[str, tuple[str, ...]] = {"vllm": BLACKWELL_TABLES}
+KV_WRITE_TABLES: dict[str, tuple[str, ...]] = {"vllm": (*BLACKWELL_TABLES, "l40s")}
 """Tables (per engine) whose prefill-attention fits (not MLA) are offered the time of storing
 the prompt's K and V into the paged cache (``OperatorFit.kv_write_ps``), with every prefill
 choice and on their training shapes only: vLLM's FlashInfer backend on B200 and GB200, whose
-forward runs ``reshape_and_cache_flash`` before TensorRT-LLM's prefill kernel
+forward runs ``reshape_and_cache_flash`` before TensorRT-LLM's prefill kernel, and on the
+L40S, where the same forward runs FlashInfer's FA2 prefill after the store
 (vllm-project/vllm vllm/v1/attention/backends/flashinfer.py ``FlashInferImpl.forward``), and
 AIConfigurator's collector times that forward (ai-dynamo/aiconfigurator
 collector/vllm/collect_attn.py ``impl.forward``). In vLLM 0.24.0's B200 FP8-KV table the fit
