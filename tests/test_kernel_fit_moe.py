@@ -570,19 +570,29 @@ def test_sglang_fp8_experts_with_deepep_leave_the_triton_fit() -> None:
 MIXTRAL = get_model("Mixtral-8x7B")
 
 
-def _mixtral_moe_seconds(engine: str, **update: float) -> float:
-    """Seconds of Mixtral-8x7B's MoE layers in a decode step of 16 sequences of 1,000
-    tokens on one H100 whose ``engine`` MoE fit is a plain roofline with ``update``."""
-    from simulator.cost import InstanceCostModel
+def _moe_seconds(engine: str, fit: OperatorFit, tp: int = 1, ep: int = 1,
+                 seqs: int = 16) -> float:
+    """Seconds of Mixtral-8x7B's MoE layers in a decode step of ``seqs`` sequences of 1,000
+    tokens on H100s at ``tp`` / ``ep`` whose ``engine`` MoE fit is ``fit``."""
+    from simulator.cost import InstanceCostModel, LinkSet
     from simulator.cost.batch import BatchShape
+    from simulator.cost.parallel import Parallelism
     from simulator.hardware.operator_fits import OperatorFits
+    from simulator.hardware.registry import load_link
 
-    fit = OperatorFit(compute=0.3, half_flops=0.0, memory=0.6, half_bytes=0.0,
-                      **{"floor_us": 0.0, **update})
     device = H100.model_copy(update={"operators": {engine: OperatorFits(
         source="t", fits={"moe": fit})}})
-    cost = InstanceCostModel(MIXTRAL, device, engine=engine, fitted=True)
-    return cost.breakdown(BatchShape.decode(16, 16 * 1000))["moe"]
+    links = LinkSet(tp=load_link(H100.scale_up_link) if tp > 1 else None)
+    cost = InstanceCostModel(MIXTRAL, device, Parallelism(tp=tp, ep=ep), links=links,
+                             engine=engine, fitted=True)
+    return cost.breakdown(BatchShape.decode(seqs, seqs * 1000))["moe"]
+
+
+def _mixtral_moe_seconds(engine: str, **update: float) -> float:
+    """:func:`_moe_seconds` of 16 sequences on one H100 whose ``engine`` MoE fit is a plain
+    roofline with ``update``."""
+    return _moe_seconds(engine, OperatorFit(compute=0.3, half_flops=0.0, memory=0.6,
+                                            half_bytes=0.0, **{"floor_us": 0.0, **update}))
 
 
 def test_a_fitted_moe_layer_pays_its_floor_once() -> None:
@@ -645,32 +655,15 @@ def test_without_a_token_exchange_the_fused_moe_writes_the_other_ranks_slots() -
     adds, per MoE layer, the zeros its kernel writes for the 7/8 of the routed slots whose
     expert is on another rank, (gate+up + hidden) elements each at the fit's per-row rate;
     without EP there is no other rank and nothing is added."""
-    from simulator.cost import InstanceCostModel
-    from simulator.cost.accounting import LinkSet
-    from simulator.cost.batch import BatchShape
-    from simulator.cost.parallel import Parallelism
-    from simulator.hardware.operator_fits import OperatorFits
-    from simulator.hardware.registry import load_link
-    from simulator.models import get_model
-
-    model = get_model("Mixtral-8x7B")
     fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0,
                       per_row_ps=20.0)
-    nvl = load_link(H100.scale_up_link)
-
-    def moe(par: Parallelism, remote: bool) -> float:
-        device = H100.model_copy(update={"operators": {"sglang": OperatorFits(
-            source="t", fits={"moe": fit.model_copy(update={"remote_slots": remote})})}})
-        cost = InstanceCostModel(model, device, par, links=LinkSet(tp=nvl if par.tp > 1 else None),
-                                 engine="sglang", fitted=True)
-        return cost.breakdown(BatchShape.decode(64, 64 * 1000))["moe"]
-
-    alone = Parallelism()
-    assert moe(alone, True) == moe(alone, False)
-    ep8 = Parallelism(tp=8, ep=8)
+    on = fit.model_copy(update={"remote_slots": True})
+    assert _moe_seconds("sglang", on, seqs=64) == _moe_seconds("sglang", fit, seqs=64)
+    model = MIXTRAL
     slots = 64 * model.num_experts_per_token * (1 - 1 / 8)
     written = slots * (2 * model.moe_intermediate_size + model.hidden_size)
-    added = moe(ep8, True) - moe(ep8, False)
+    added = (_moe_seconds("sglang", on, 8, 8, seqs=64)
+             - _moe_seconds("sglang", fit, 8, 8, seqs=64))
     assert added == pytest.approx(model.num_layers * written * fit.per_row_ps * 1e-12,
                                   rel=1e-9)
 
@@ -883,34 +876,20 @@ def test_the_routing_kernels_add_their_elements_per_slot_on_the_rank() -> None:
     permutation, activation and un-permutation kernels move per token slot on the rank
     (3 x hidden + 1.5 x gate+up columns each) at the fit's per-row rate; with EP the rank
     holds a share of the slots, and a fit without the term adds nothing."""
-    from simulator.cost import InstanceCostModel
-    from simulator.cost.accounting import LinkSet
-    from simulator.cost.batch import BatchShape
-    from simulator.cost.parallel import Parallelism
-    from simulator.hardware.operator_fits import OperatorFits
-    from simulator.hardware.registry import load_link
-
-    model = get_model("Mixtral-8x7B")
+    model = MIXTRAL
     fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0,
                       per_row_ps=2.0)
-    nvl = load_link(H100.scale_up_link)
-
-    def moe(par: Parallelism, slots: bool) -> float:
-        device = H100.model_copy(update={"operators": {"trtllm": OperatorFits(
-            source="t", fits={"moe": fit.model_copy(update={"slot_kernels": slots})})}})
-        cost = InstanceCostModel(model, device, par, links=LinkSet(tp=nvl if par.tp > 1 else None),
-                                 engine="trtllm", fitted=True)
-        return cost.breakdown(BatchShape.decode(64, 64 * 1000))["moe"]
-
+    on = fit.model_copy(update={"slot_kernels": True})
     h, inter = model.hidden_size, model.moe_intermediate_size
-    for par, ep in ((Parallelism(), 1), (Parallelism(tp=8, ep=8), 8)):
+    for ep in (1, 8):
         slots = 64 * model.num_experts_per_token / ep
         moved = slots * (3 * h + 1.5 * 2 * inter)
-        assert moe(par, True) - moe(par, False) == pytest.approx(
-            model.num_layers * moved * fit.per_row_ps * 1e-12, rel=1e-9)
+        added = (_moe_seconds("trtllm", on, ep, ep, seqs=64)
+                 - _moe_seconds("trtllm", fit, ep, ep, seqs=64))
+        assert added == pytest.approx(model.num_layers * moved * fit.per_row_ps * 1e-12,
+                                      rel=1e-9)
     assert fit.slot_rows(10.0, 512.0, 256.0) == 0.0
-    assert fit.model_copy(update={"slot_kernels": True}).slot_rows(10.0, 512.0, 256.0) == (
-        10.0 * (3 * 256.0 + 1.5 * 512.0))
+    assert on.slot_rows(10.0, 512.0, 256.0) == 10.0 * (3 * 256.0 + 1.5 * 512.0)
 
 
 def test_slot_kernels_belong_to_moe_fits() -> None:
@@ -967,30 +946,19 @@ def test_the_expanded_activation_kernel_does_not_shrink_with_expert_parallelism(
     """TP attention (no token exchange): a fit with ``expanded_block_ns`` adds, per MoE
     layer, its time for every block of the whole batch's slots, at EP 8 as at EP 1, where the
     rank's own rows fall eightfold."""
-    from simulator.cost import InstanceCostModel
-    from simulator.cost.accounting import LinkSet
-    from simulator.cost.batch import BatchShape
     from simulator.cost.parallel import Parallelism
-    from simulator.hardware.operator_fits import OperatorFits, expanded_activation_blocks
-    from simulator.hardware.registry import load_link
+    from simulator.hardware.operator_fits import expanded_activation_blocks
 
-    model = get_model("Mixtral-8x7B")
+    model = MIXTRAL
     fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.5, half_bytes=0.0, floor_us=0.0)
-    nvl = load_link(H100.scale_up_link)
-
-    def moe(par: Parallelism, ns: float) -> float:
-        device = H100.model_copy(update={"operators": {"sglang": OperatorFits(
-            source="t", fits={"moe": fit.model_copy(update={"expanded_block_ns": ns})})}})
-        cost = InstanceCostModel(model, device, par, links=LinkSet(tp=nvl if par.tp > 1 else None),
-                                 engine="sglang", fitted=True)
-        return cost.breakdown(BatchShape.decode(64, 64 * 1000))["moe"]
-
-    for par in (Parallelism(), Parallelism(tp=8, ep=8)):
-        width = model.moe_intermediate_size / par.expert_tp
+    on = fit.model_copy(update={"expanded_block_ns": 2.0})
+    for ep in (1, 8):
+        width = model.moe_intermediate_size / Parallelism(tp=ep, ep=ep).expert_tp
         blocks = expanded_activation_blocks(64, model.num_experts_per_token, width,
                                             H100.sm_count)
         assert blocks > 0
-        added = moe(par, 2.0) - moe(par, 0.0)
+        added = (_moe_seconds("sglang", on, ep, ep, seqs=64)
+                 - _moe_seconds("sglang", fit, ep, ep, seqs=64))
         assert added == pytest.approx(model.num_layers * blocks * 2e-9, rel=1e-9)
 
 
@@ -1140,34 +1108,20 @@ def test_the_step_model_prices_a_moe_layer_at_its_blocks_rate() -> None:
     Triton blocks' streaming time of its expected experts hit and their slots: Mixtral-8x7B
     at EP 8 (one expert per rank) decoding one sequence, the blocks' rate far below the
     device's, takes that time per layer."""
-    from simulator.cost import InstanceCostModel
-    from simulator.cost.accounting import LinkSet
-    from simulator.cost.batch import BatchShape
-    from simulator.cost.parallel import Parallelism
-    from simulator.hardware.operator_fits import OperatorFits
-    from simulator.hardware.registry import load_link
-
-    model = get_model("Mixtral-8x7B")
+    model = MIXTRAL
     fit = OperatorFit(compute=0.9, half_flops=0.0, memory=0.9, half_bytes=0.0, floor_us=0.0)
     slow = fit.model_copy(update={"expert_block_gbs": 0.5, "expert_block_m": 64,
                                   "expert_block_n": 64, "expert_blocks_per_sm": 4.0})
-    par = Parallelism(tp=8, ep=8)
-
-    def moe(f: OperatorFit) -> float:
-        device = H100.model_copy(update={"operators": {"sglang": OperatorFits(
-            source="t", fits={"moe": f})}})
-        cost = InstanceCostModel(model, device, par, links=LinkSet(
-            tp=load_link(H100.scale_up_link)), engine="sglang", fitted=True)
-        return cost.breakdown(BatchShape.decode(1, 1000))["moe"]
-
     h, inter = model.hidden_size, model.moe_intermediate_size
     topk, experts = model.num_experts_per_token, model.num_experts
     touched = 1.0 * (1 - (1 - topk / experts) ** 1)
     slots = topk / 8
     streamed = slow.expert_stream_seconds(touched, slots / touched, 2.0 * inter, h, 2.0,
                                           H100.sm_count)
-    assert moe(slow) == pytest.approx(model.num_layers * streamed, rel=1e-9)
-    assert moe(fit) < moe(slow)
+    assert _moe_seconds("sglang", slow, 8, 8, seqs=1) == pytest.approx(
+        model.num_layers * streamed, rel=1e-9)
+    assert _moe_seconds("sglang", fit, 8, 8, seqs=1) < _moe_seconds("sglang", slow, 8, 8,
+                                                                      seqs=1)
 
 
 def _blocks_moe_table(truth: OperatorFit, folder: Path) -> None:
