@@ -35,7 +35,7 @@ from simulator.engine.kv_manager import KVManager
 from simulator.engine.lifecycle import Lifecycle
 from simulator.engine.pipeline import Pipeline
 from simulator.engine.request import Request, State
-from simulator.engine.scheduler import EngineLimits, Scheduler, SchedulerView
+from simulator.engine.scheduler import EngineLimits, Scheduler, SchedulerOutput, SchedulerView
 
 if TYPE_CHECKING:
     from simulator.engine.recorder import Recorder
@@ -232,8 +232,7 @@ class ServingProcess:
         finished = jump.apply(done, self._kv.blocks, self.recorder, self.index,
                               len(self._waiting), len(self._running))
         self.scheduler.advance(done - 1)  # the first step was scheduled as usual
-        if self.on_load_change is not None:  # settling may give back KV a reader booked
-            self.on_load_change(self)
+        self._load_changed()  # settling may give back KV a reader booked
         if done > 1:
             self._preempted_last = False  # the jumped steps preempted nothing
         for r in finished:
@@ -284,13 +283,17 @@ class ServingProcess:
         view = SchedulerView(waiting, self._running, len(self._held), self._kv,
                              self._limits, self._priority)
         out = self.scheduler.schedule(view)
-        if self.on_load_change is not None:  # admissions and preemptions move queue, batch, KV
-            self.on_load_change(self)
+        self._load_changed()  # admissions and preemptions move queue, batch and KV
         self._preempted_last = bool(out.preempted)
-        if not out.preempted and not out.admitted:  # nothing moves between queue and batch
-            if not out.chunks and not out.decodes:  # out.empty
-                return None
-            return Batch(out.chunks, out.decodes, stable=self.scheduler.stable(view))
+        if out.preempted or out.admitted:  # most passes move nothing between queue and batch
+            self._move(out)
+        if out.empty:
+            return None
+        return Batch(out.chunks, out.decodes, stable=self.scheduler.stable(view))
+
+    def _move(self, out: SchedulerOutput) -> None:
+        """Apply a pass's preemptions (back to the queue, or swapped out) and admissions."""
+        swap = self._swap
         now = self.env.now
         readmitted = {a.request.id for a in out.admitted} if out.preempted else _NONE
         for req in out.preempted:
@@ -332,9 +335,6 @@ class ServingProcess:
                 req.prefill_start_s = now
                 if self.on_prefill_start is not None:
                     self.on_prefill_start(self, req)
-        if not out.chunks and not out.decodes:  # out.empty
-            return None
-        return Batch(out.chunks, out.decodes, stable=self.scheduler.stable(view))
 
     # ----- apply: results of a step ----------------------------------------------------
     def _record(self, start: float, seconds: float, busy_s: float, shape: BatchShape,
