@@ -9,7 +9,9 @@ import pytest
 from simulator.errors import ConfigError
 from simulator.models import CATALOG, from_hf_config, get_model
 
-# (total params in billions, active, KV KiB/token bf16) from shared reference section 2
+# (total params in billions, active, KV KiB/token bf16) recounted from the models' published
+# configs (meta-llama/llama-models models/sku_list.py, Mixtral arXiv 2401.04088 Table 1,
+# Qwen's Hugging Face configs, deepseek-ai/DeepSeek-V3 inference/configs/config_671B.json)
 PUBLISHED = {
     "Llama-2-7B": (6.74, 6.74, 512),
     "Llama-2-70B": (68.98, 68.98, 320),
