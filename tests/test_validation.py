@@ -121,6 +121,67 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "Traceback" not in err
 
 
+# ----- GEMMs on an engine's fitted curves (validate --engine) ----------------------------
+def test_engine_gemm_is_the_step_models_gemm(tmp_path: Path) -> None:
+    """``validate --engine`` prices a GEMM as the step model prices a group of one GEMM on
+    that engine's fitted curve: the same function, so a change to one moves the other."""
+    from simulator.cost.accounting import LinkSet, _Acc
+    from simulator.cost.operators import fitted_gemm_time
+    from simulator.cost.parallel import Parallelism, Precisions
+    from simulator.cost.step import InstanceCostModel
+    from simulator.models.catalog import get_model
+
+    for precision, dtype in (("bf16", "bf16"), ("fp8", "fp8")):
+        cost = InstanceCostModel(get_model("Llama-3.1-8B"), H100, Parallelism(tp=1),
+                                 Precisions(precision, precision, "bf16"), LinkSet(),
+                                 engine="vllm", fitted=True)
+        for m, n, k in ((1, 4096, 4096), (384, 28672, 4096), (6000, 4096, 14336)):
+            acc = _Acc()
+            cost._gemm(acc, m, n * k, n, k, 1.0, kernels=1, label="gemm_ffn",
+                       shapes=((n, k),))
+            fitted = fitted_gemm_time(H100, "vllm", dtype, m, n, k)
+            assert fitted is not None
+            assert acc.launch == 0.0  # a fitted floor is kernel time
+            assert acc.compute + acc.memory == pytest.approx(max(fitted), rel=1e-12)
+    pred = predict(read_ops(write_csv(tmp_path, [GEMM])), engine="vllm")
+    assert pred["priced_by"].tolist() == ["vllm fit"]
+    assert pred["predicted_latency_us"].iloc[0] == pytest.approx(
+        max(fitted_gemm_time(H100, "vllm", "bf16", 128, 4096, 4096) or (0.0,)) * 1e6)
+    roof = predict(read_ops(write_csv(tmp_path, [GEMM])))
+    assert roof["priced_by"].tolist() == ["roofline"]
+    assert roof["predicted_latency_us"].iloc[0] != pred["predicted_latency_us"].iloc[0]
+
+
+def test_engine_leaves_other_rows_and_devices_on_their_models(tmp_path: Path) -> None:
+    rows = [
+        {**GEMM, "device": "MI300X"},  # no fitted curves: the device-wide roofline
+        {"op": "attention_decode", "device": "H100-SXM", "dtype": "bf16", "batch": 8,
+         "kv_len": 2048, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+         "measured_latency_us": 30.0},
+        {"op": "allreduce", "device": "H100-SXM", "num_gpus": 8, "message_bytes": 2**20,
+         "measured_latency_us": 30.0},
+    ]
+    df = read_ops(write_csv(tmp_path, rows))
+    with_engine, plain = predict(df, engine="trtllm"), predict(df)
+    assert with_engine["priced_by"].tolist() == ["roofline", "roofline", "link"]
+    assert with_engine["predicted_latency_us"].tolist() == plain["predicted_latency_us"].tolist()
+
+
+def test_validate_engine_unknown_is_a_clear_error(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_csv(tmp_path, [GEMM])
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(path), "--engine", "tgi"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--engine" in err
+    assert "allowed: sglang, trtllm, vllm" in err
+    assert "Traceback" not in err
+    res = runner.invoke(app, ["validate", str(path), "--engine", "VLLM", "--worst", "0"])
+    assert res.exit_code == 0, res.output
+    assert "1 GEMM row on vllm's fitted curves" in " ".join(res.output.split())
+
+
 # ----- predictions use the cost functions ------------------------------------------------
 def test_predictions_equal_the_cost_functions(tmp_path: Path) -> None:
     rows = [

@@ -59,16 +59,30 @@ def validate(
     out: Annotated[Path | None, typer.Option(help="Write every row with its prediction "
                                                   "(CSV).")] = None,
     worst: Annotated[int, typer.Option(min=0, help="How many worst rows to list.")] = 10,
+    engine: Annotated[str | None, typer.Option(help=(
+        "Price GEMM rows on this serving engine's fitted kernel curves for the row's device "
+        "(as the step model prices that engine), where the device profile has them; other "
+        "rows, and devices without them, keep the device-wide roofline."))] = None,
 ) -> None:
     """Predict every operator in OPS with the cost model and report the errors."""
-    from simulator.validation.ops import error_table, predict, read_ops
+    from simulator.validation.ops import error_table, fitted_engines, predict, read_ops
     from simulator.validation.profile_io import load_calibration
 
     df = read_ops(ops)
+    if engine is not None:
+        known = fitted_engines(df)
+        engine = engine.strip().lower()
+        if engine not in known:
+            raise ConfigError(f"no device of the file carries fitted kernel curves for "
+                              f"engine {engine!r}; allowed: {', '.join(known) or 'none'}",
+                              file=str(ops), key="--engine")
     hw = load_calibration(calibration) if calibration else None
-    pred = predict(df, hw)
+    pred = predict(df, hw, engine)
     console = make_console()
     label = f" with {calibration.name}" if calibration else " (shipped profiles)"
+    if engine is not None:
+        fitted = int((pred["priced_by"] == f"{engine} fit").sum())
+        label += f", {fitted} GEMM row{'s' if fitted != 1 else ''} on {engine}'s fitted curves"
     console.print(_error_table(error_table(pred), f"{ops.name}: absolute percentage error{label}"))
     if worst:
         console.print(_worst_table(pred, worst))

@@ -38,6 +38,7 @@ from simulator.hardware.operator_fits import (
 )
 from simulator.hardware.profiles import DeviceProfile
 from simulator.models.arch import ModelConfig
+from simulator.units import bytes_per_element, compute_precision
 
 QUANT_MEMO_SIZE = 65536
 """Remembered tile/wave multipliers per instance before the memo starts over."""
@@ -65,6 +66,71 @@ DECODE_BATCH_FIT = "attention_decode_batch"
 """The instance's decode-attention fit for a decode-only step of more than one sequence,
 kept only where it differs from the one-sequence (or mixed-step) fit: vLLM's FlashAttention-2
 path copies the queries into its grouped layout then (``OperatorFit.q_copy_us``)."""
+
+
+def gemm_fit_label(precision: str) -> str | None:
+    """The fitted GEMM family a GEMM at compute ``precision`` runs on: ``gemm`` (16-bit),
+    ``gemm_fp8``, ``gemm_fp4``; None where no family is fitted (FP32, INT8)."""
+    return {"bf16": "gemm", "fp16": "gemm", "fp8": "gemm_fp8", "fp4": "gemm_fp4"}.get(precision)
+
+
+def gemm_group_work(tokens: float, params: float, out_width: float, in_width: float,
+                    weight_bytes: float, input_bytes: float,
+                    output_bytes: float) -> tuple[float, float]:
+    """FLOPs and bytes of a group of GEMMs sharing ``tokens`` input rows: the weights
+    (``params`` elements) read once, the input (``in_width`` per row) at the GEMM's
+    activation precision, the output (``out_width`` per row) at ``output_bytes`` (an FP8 or
+    NVFP4 GEMM writes the model's 16-bit dtype, as the kernel tables' GEMMs do)."""
+    flops = 2.0 * tokens * params
+    nbytes = params * weight_bytes + tokens * (in_width * input_bytes + out_width * output_bytes)
+    return flops, nbytes
+
+
+def fitted_time(fit: OperatorFit, peak: float, bandwidth: float, flops: float, nbytes: float,
+                kernels: int, units: float, rows: float, quant: float = 1.0,
+                groups: float = 0.0, depth: float = 0.0, written: float = 0.0,
+                blocks: float = 0.0, streamed: float = 0.0,
+                whole_layer: bool = False) -> tuple[float, float]:
+    """(compute, memory) seconds of one operator on its fitted curve, the fixed terms (floor,
+    per-row and per-depth time, the shorter side's exposed share) on the longer side.
+
+    ``units`` input rows per GEMM (tokens), for each of the ``kernels`` GEMMs of a group:
+    each GEMM pays the half-work terms and the floor, as the single GEMMs the fit was made
+    on did; a ``whole_layer`` fit (:data:`WHOLE_LAYER_FITS`) prices the kernels as one call.
+    The step model (:meth:`OperatorPricing._roofline`) and ``disagg-sim validate --engine``
+    price through this one function.
+    """
+    calls = 1 if whole_layer else kernels
+    c, m = fit.parts(peak, bandwidth, flops, nbytes, units, quant, kernels=calls,
+                     streamed=streamed)
+    compute, memory = float(c), float(m)
+    busy = fit.busy(compute, memory)  # the longer side and the shorter's exposed share
+    exposed = busy - max(compute, memory)
+    fixed = (float(fit.fixed(rows, busy, units * calls, depth, written))
+             + (calls - 1) * fit.floor_us * 1e-6 + exposed + fit.group_seconds(groups)
+             + fit.expanded_seconds(blocks))
+    if compute >= memory:
+        return compute + fixed, memory
+    return compute, memory + fixed
+
+
+def fitted_gemm_time(device: DeviceProfile, engine: str, dtype: str, m: float, n: float,
+                     k: float) -> tuple[float, float] | None:
+    """(compute, memory) seconds of one GEMM ``C[m,n] = A[m,k] @ B[k,n]`` at ``dtype`` as
+    the step model prices a group of one GEMM on ``engine``'s fitted curve for ``device``
+    (:meth:`OperatorPricing._gemm`); None if the device carries no such fit."""
+    if not device.operators or engine not in device.operators:
+        return None
+    label = gemm_fit_label(compute_precision(dtype, dtype))
+    fit = device.operator_fits(engine).get(label) if label is not None else None
+    if fit is None:
+        return None
+    wb = bytes_per_element(dtype)
+    flops, nbytes = gemm_group_work(m, n * k, n, k, wb, wb, max(RESIDUAL_BYTES, wb))
+    quant = (scalar_quantisation(fit, (1.0, m, n, k), device.sm_count) if fit.tile_m else 1.0)
+    return fitted_time(fit, device.peak_flops(compute_precision(dtype, dtype)),
+                       device.memory_bandwidth, flops, nbytes, 1, m, m * k, float(quant),
+                       depth=k)
 
 
 class OperatorPricing:
@@ -337,22 +403,11 @@ class OperatorPricing:
         fit = self._fits.get(fit_label or label)
         if fit is not None:
             peak = self._peak if label.startswith(("gemm", "lm_head", "moe")) else self._peak16
-            # ``units`` input rows per GEMM (tokens), for each of the ``kernels`` GEMMs; each
-            # GEMM of a group pays the half-work terms and the floor, as the single GEMMs
-            # the fit was made on did.
-            calls = 1 if label in WHOLE_LAYER_FITS else kernels
-            c, m = fit.parts(peak, self._bw, flops, nbytes, units, quant, kernels=calls,
-                             streamed=streamed)
-            compute, memory = float(c), float(m)
-            busy = fit.busy(compute, memory)  # the longer side and the shorter's exposed share
-            exposed = busy - max(compute, memory)
-            fixed = (float(fit.fixed(rows, busy, units * calls, depth, written))
-                     + (calls - 1) * fit.floor_us * 1e-6 + exposed + fit.group_seconds(groups)
-                     + fit.expanded_seconds(blocks))
+            compute, memory = fitted_time(fit, peak, self._bw, flops, nbytes, kernels, units,
+                                          rows, quant, groups, depth, written, blocks, streamed,
+                                          whole_layer=label in WHOLE_LAYER_FITS)
             # The floor is kernel time, not launch: CUDA graphs do not remove it.
-            if compute >= memory:
-                return compute + fixed, memory, 0.0
-            return compute, memory + fixed, 0.0
+            return compute, memory, 0.0
         if not self._flat:
             t = op_time(self.device, self._cp, flops, nbytes, kernels)
             return t.compute_s, t.memory_s, t.launch_s
@@ -366,10 +421,8 @@ class OperatorPricing:
         """A group of GEMMs sharing ``tokens`` rows; ``shapes`` lists each one's (n, k)."""
         if tokens <= 0 or times <= 0:
             return
-        flops = 2.0 * tokens * params
-        # The input at the GEMM's activation precision, the output 16-bit (an FP8 or NVFP4
-        # GEMM writes the model's 16-bit dtype, as the kernel tables' GEMMs do).
-        nbytes = params * self._wb + tokens * (in_width * self._ab + out_width * self._hb)
+        flops, nbytes = gemm_group_work(tokens, params, out_width, in_width, self._wb,
+                                        self._ab, self._hb)
         k_sum = sum(k for _, k in shapes) if shapes is not None else in_width
         quant = 1.0
         fit = self._fits.get(label)

@@ -19,7 +19,12 @@ from simulator.cost.collectives import p2p_time
 from simulator.cost.dp_attention import rank_batch, series_by_steps, two_batch_overlap_step
 from simulator.cost.host import HostModel
 from simulator.cost.moe_comm import DeepEPMode, EPGroup
-from simulator.cost.operators import DECODE_BATCH_FIT, RESIDUAL_BYTES, OperatorPricing
+from simulator.cost.operators import (
+    DECODE_BATCH_FIT,
+    RESIDUAL_BYTES,
+    OperatorPricing,
+    gemm_fit_label,
+)
 from simulator.cost.parallel import Parallelism, Precisions, split_layers, stage_moe_layers
 from simulator.cost.roofline import (
     DECODE_SPLIT_TOKENS,
@@ -200,7 +205,8 @@ class InstanceCostModel(OperatorPricing):
         fits = self.device.operator_fits(self.engine)
         low = {"fp8": "_fp8", "fp4": "_fp4"}.get(self._cp, "")
         out: dict[str, OperatorFit] = {}
-        gemm = fits.get(f"gemm{low}") if low or self._cp in ("bf16", "fp16") else None
+        gemm_label = gemm_fit_label(self._cp)
+        gemm = fits.get(gemm_label) if gemm_label is not None else None
         if gemm is not None:
             for label in ("gemm_attention", "gemm_ffn", "gemm_moe_dense", "lm_head"):
                 out[label] = gemm

@@ -3,8 +3,10 @@
 One row is one operator measured on one device (format in docs/VALIDATION.md):
 ``op, device, dtype``, the shape columns the op needs, ``measured_latency_us`` and a
 ``source``. Compute operators are priced with :func:`simulator.cost.op_time` (one kernel
-each), collectives and point-to-point transfers with the alpha-beta functions in
-:mod:`simulator.cost.collectives` on the link the device profile names.
+each) or, with an engine named, GEMMs on that engine's fitted curve for the device (the
+step model's rule, :func:`simulator.cost.operators.fitted_gemm_time`); collectives and
+point-to-point transfers with the alpha-beta functions in :mod:`simulator.cost.collectives`
+on the link the device profile names.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.cost import allgather_time, allreduce_time, alltoall_time, op_time, p2p_time
+from simulator.cost.operators import fitted_gemm_time
 from simulator.errors import ConfigError
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.hardware.registry import device_names, load_device, load_link
@@ -230,36 +233,58 @@ def _check_row(row: dict[Any, Any], i: int, file: str) -> None:
 
 
 # ----- predicting -------------------------------------------------------------------------
-def predict_row(row: Mapping[Any, Any], hw: HardwareSet | None = None) -> tuple[float, str]:
-    """Predicted seconds of one row and what bounds it (compute, memory or the link)."""
+def predict_row(row: Mapping[Any, Any], hw: HardwareSet | None = None,
+                engine: str | None = None) -> tuple[float, str, str]:
+    """Predicted seconds of one row, what bounds it (compute, memory or the link) and what
+    priced it: ``engine``'s fitted GEMM curve on the row's device where it has one
+    (``<engine> fit``, as the step model prices that engine's GEMMs), else the device-wide
+    roofline, or the link's collective model."""
     hw = hw or HardwareSet()
     op, device_name = str(row["op"]), str(row["device"])
     g = _getter(row)
     if op in COMPUTE_OPS:
+        device = hw.device(device_name)
+        if op == "gemm" and engine is not None:
+            fitted = fitted_gemm_time(device, engine, str(row["dtype"]), g("m"), g("n"), g("k"))
+            if fitted is not None:
+                compute, memory = fitted
+                return (max(compute, memory), "compute" if compute >= memory else "memory",
+                        f"{engine} fit")
         flops, nbytes = compute_work(row)
-        t = op_time(hw.device(device_name), str(row["dtype"]), flops, nbytes, kernels=1)
-        return t.seconds, t.bound
+        t = op_time(device, str(row["dtype"]), flops, nbytes, kernels=1)
+        return t.seconds, t.bound, "roofline"
     link_value = row.get("link")
     role = link_value.strip() if isinstance(link_value, str) and link_value.strip() else None
     ranks = int(g("num_gpus")) or 2
     link = hw.link(device_name, role, ranks)
     nbytes = g("message_bytes")
     if op == "allreduce":
-        return allreduce_time(nbytes, ranks, link), link.name
+        return allreduce_time(nbytes, ranks, link), link.name, "link"
     if op in ("allgather", "reducescatter"):
-        return allgather_time(nbytes, ranks, link), link.name
+        return allgather_time(nbytes, ranks, link), link.name, "link"
     if op == "alltoall":
-        return alltoall_time(nbytes, ranks, link), link.name
-    return p2p_time(nbytes, link), link.name
+        return alltoall_time(nbytes, ranks, link), link.name, "link"
+    return p2p_time(nbytes, link), link.name, "link"
 
 
-def predict(df: pd.DataFrame, hw: HardwareSet | None = None) -> pd.DataFrame:
-    """The rows with ``predicted_latency_us``, ``bound``, ``error`` (signed) and ``ape``."""
+def fitted_engines(df: pd.DataFrame) -> list[str]:
+    """The engines some device of ``df`` carries fitted kernel curves for, sorted."""
+    names: set[str] = set()
+    for device in df["device"].dropna().unique():
+        names.update(load_device(str(device)).operators or {})
+    return sorted(names)
+
+
+def predict(df: pd.DataFrame, hw: HardwareSet | None = None,
+            engine: str | None = None) -> pd.DataFrame:
+    """The rows with ``predicted_latency_us``, ``bound``, ``priced_by``, ``error`` (signed)
+    and ``ape``; ``engine`` prices GEMMs on that engine's fitted curves (:func:`predict_row`)."""
     hw = hw or HardwareSet()
     out = df.copy()
-    preds = [predict_row(r, hw) for r in df.to_dict("records")]
+    preds = [predict_row(r, hw, engine) for r in df.to_dict("records")]
     out["predicted_latency_us"] = [p[0] * 1e6 for p in preds]
     out["bound"] = [p[1] for p in preds]
+    out["priced_by"] = [p[2] for p in preds]
     out["error"] = out["predicted_latency_us"] / out["measured_latency_us"] - 1.0
     out["ape"] = out["error"].abs()
     return out
