@@ -119,13 +119,19 @@ def test_every_public_member_of_an_instance_passes_the_gate() -> None:
         if name.startswith("_"):
             continue
         fn = member.fget if isinstance(member, property) else member
-        assert getattr(fn, "__gate__", None) in {"observes", "mutates", "unbooked"}, name
-    # A read that skips the booking must read only what a jump never changes: liveness,
-    # power, draining, constants. The list is closed: a new one is a decision.
-    unbooked = {name for name, member in members.items()
+        assert getattr(fn, "__gate__", None) in {"observes", "mutates", "absorbs",
+                                                 "unbooked"}, name
+
+    def gated(kind: str) -> set[str]:
+        return {name for name, member in members.items()
                 if getattr(member.fget if isinstance(member, property) else member,
-                           "__gate__", None) == "unbooked"}
-    assert unbooked == {"alive", "active", "accepting", "draining", "can_ever_hold"}
+                           "__gate__", None) == kind}
+
+    # A read that skips the booking must read only what a jump never changes: liveness,
+    # power, draining, constants. A write a jump may absorb must change only what a
+    # hand-off reserves. Both lists are closed: a new member is a decision.
+    assert gated("unbooked") == {"alive", "active", "accepting", "draining", "can_ever_hold"}
+    assert gated("absorbs") == {"try_reserve", "rebind_reservation"}
 
 
 # ----- every shipped scenario ----------------------------------------------------------
@@ -212,12 +218,14 @@ def test_fast_forward_identical_property(rate, max_in, max_out, seqs, chunked, u
     disagg=st.booleans(),
     fault=st.sampled_from(["none", "link_down", "link_slow", "instance", "straggler"]),
     autoscale=st.booleans(),
+    layerwise=st.booleans(),
+    decode_cache=st.booleans(),
     record=st.sampled_from(["all", "stretches"]),
     seed=st.integers(0, 10_000),
 )
 def test_fast_forward_identical_under_pressure_faults_and_scaling(
         rate, instances, util, prefix, groups, max_out, seqs, policy, disagg, fault,
-        autoscale, record, seed) -> None:
+        autoscale, layerwise, decode_cache, record, seed) -> None:
     sched = {"max_num_seqs": seqs, "max_num_batched_tokens": 4096, "prefix_caching": True,
              "memory_utilization": util}
     entry: dict[str, Any] = {"name": "main", "device": "L40S", "instances": instances,
@@ -233,7 +241,7 @@ def test_fast_forward_identical_under_pressure_faults_and_scaling(
     pools = [entry]
     if disagg:
         pools.append({"name": "d", "role": "decode", "device": "L40S", "instances": 2,
-                      "scheduler": {**sched, "prefix_caching": False}})
+                      "scheduler": {**sched, "prefix_caching": decode_cache}})
     faults: list[dict[str, Any]] = []
     if fault == "link_down" and disagg:
         faults.append({"kind": "link_degradation", "target": "main/0", "at_s": 1.0,
@@ -260,10 +268,87 @@ def test_fast_forward_identical_under_pressure_faults_and_scaling(
         "cluster.pools": pools,
         "cluster.router.policy": policy,
         "faults": faults,
-        "cluster.kv_transfer": {"link": "ethernet-100g"},
+        "cluster.kv_transfer": {"link": "ethernet-100g",
+                                "mode": "layerwise" if layerwise else "bulk"},
     })
     fast, slow = both(sc, record)
     assert_identical(fast, slow, 0.5)
+
+
+# ----- a hand-off's reservation during a decode jump --------------------------------------
+def _absorbed(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record each answer of :meth:`Jump.absorb` (True: the jump went on)."""
+    seen: list[bool] = []
+    absorb = fast_forward.Jump.absorb
+
+    def spy(self: Any, kv: Any, now: float, taken: int) -> bool:
+        ok = absorb(self, kv, now, taken)
+        seen.append(ok)
+        return ok
+
+    monkeypatch.setattr(fast_forward.Jump, "absorb", spy)
+    return seen
+
+
+def _handoff_scenario(mode: str, util: float, prefix: bool, seed: int = 3) -> Any:
+    """1P1D with long decodes, so hand-offs reserve KV on a decode instance that jumps;
+    a slow link (bulk) or a layer-wise stream keeps the reservation steps ahead of the KV's
+    arrival, so the jump's step rows must show the reserved blocks."""
+    sched = {"max_num_seqs": 64, "max_num_batched_tokens": 4096, "memory_utilization": util,
+             "prefix_caching": prefix}
+    return make_scenario(**{
+        "seed": seed,
+        "model": "Llama-3.1-8B",
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 6.0},
+        "workload.input_tokens": {"kind": "uniform", "min_tokens": 200, "max_tokens": 3000},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 40, "max_tokens": 400},
+        "workload.shared_prefix": {"tokens": 1024, "groups": 2, "fraction": 0.8},
+        "workload.prefix_block_tokens": 256,
+        "workload.num_requests": 60,
+        "cluster.pools": [
+            {"name": "p", "role": "prefill", "device": "L40S", "scheduler": sched},
+            {"name": "d", "role": "decode", "device": "L40S", "scheduler": sched}],
+        "cluster.kv_transfer": ({"mode": "layerwise"} if mode == "layerwise"
+                                else {"link": "ethernet-100g"}),
+    })
+
+
+@pytest.mark.parametrize("record", ["all", "stretches"])
+@pytest.mark.parametrize("prefix", [False, True])
+@pytest.mark.parametrize("mode", ["bulk", "layerwise"])
+def test_reservation_absorbed_by_a_decode_jump(monkeypatch, mode, prefix, record) -> None:
+    """Enough KV left: the jump goes on through the reservation, and every step from the
+    one running at it records the reserved blocks, as step by step."""
+    seen = _absorbed(monkeypatch)
+    fast, slow = both(_handoff_scenario(mode, 0.9, prefix), record)
+    assert fast.summary["completed"] == 60
+    assert any(seen)  # the new path ran
+    assert_identical(fast, slow, 0.5)
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_reservation_cuts_a_decode_jump_when_kv_runs_short(monkeypatch, prefix) -> None:
+    """Too little KV left for the jump's remaining growth: the reservation cuts it (the
+    policy would preempt within the jump's steps), as step by step."""
+    seen = _absorbed(monkeypatch)
+    fast, slow = both(_handoff_scenario("layerwise", 0.45, prefix, seed=5), "all")
+    assert False in seen  # cut
+    assert True in seen  # absorbed
+    assert_identical(fast, slow, 0.5)
+
+
+def test_an_absorbed_reservation_booked_wrong_fails(monkeypatch) -> None:
+    """The comparison catches an absorbed write whose blocks the running step's row
+    leaves out."""
+    absorb = fast_forward.Jump.absorb
+
+    def wrong(self: Any, kv: Any, now: float, taken: int) -> bool:
+        return absorb(self, kv, now, 0)  # the running step's KV row without the reservation
+
+    monkeypatch.setattr(fast_forward.Jump, "absorb", wrong)
+    fast, slow = both(_handoff_scenario("layerwise", 0.9, False), "all")
+    with pytest.raises(AssertionError, match="kv_used"):
+        assert_same_steps(fast.steps, slow.steps)
 
 
 # ----- a write that frees KV wakes the instance ----------------------------------------

@@ -4,19 +4,28 @@ When an instance's batch is decode-only and cannot change until a known step (th
 completion, or the first step whose KV growth would not fit), its steps are priced in one
 vectorised call and the clock jumps to the end. The result must be that of step-by-step
 simulation, so one rule holds, enforced by the instance's gate (:func:`observes`,
-:func:`mutates`; :func:`unbooked` marks the reads a jump cannot affect):
+:func:`mutates`, :func:`absorbs`; :func:`unbooked` marks the reads a jump cannot affect):
 
 * every outside **read** of the instance first brings the jump up to date: the KV blocks
   of the steps that have started by now are booked, as step-by-step simulation allocates
   a step's blocks when it starts (allocations may evict prefix-cache entries, so a cache
   lookup is a read too);
 * every outside **write** cuts the jump: the step then running finishes and the instance
-  schedules again, as it would after every step.
+  schedules again, as it would after every step;
+* except a write the jump can **absorb**: one that changes only what a hand-off reserves
+  here (a reservation takes KV blocks; a re-bound one takes none), which no scheduling
+  policy reads but through the KV it leaves. Step by step, every later step of the jump
+  would then be scheduled the same (the same batch, nothing preempted, nothing admitted)
+  exactly when the KV that allocations can still get covers the growth of the jump's
+  remaining steps, so the jump goes on when it does (:meth:`Jump.absorb`) and is cut as
+  any write otherwise. The write is cut as any other where the policy reads more than the
+  batch and its KV growth: something waits (an admission reads the KV left), or the
+  instance swaps to a host tier (a swap-in does).
 
 Step rows are those step-by-step simulation records: each step's KV after its own
-allocation, and the queue and batch sizes of the jump's start for every step that ended
-before the first outside write (the step running at that write records the values at
-its end).
+allocation and the KV absorbed writes took before it ended, and the queue and batch sizes
+of the jump's start for every step that ended before the first outside write that cut it
+(the step running at that write records the values at its end).
 """
 
 from __future__ import annotations
@@ -91,6 +100,36 @@ def mutates(fn: F) -> F:
     return gated  # type: ignore[return-value]
 
 
+def absorbs(fn: F) -> F:
+    """Gate of an outside write a jump can absorb (it changes only what a hand-off reserves
+    here): bring a running jump up to date, write, then let the jump go on if its remaining
+    steps are scheduled the same (see the module docstring), or cut it; afterwards tell the
+    routers' load index that the instance's load may have changed."""
+    @wraps(fn)
+    def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
+        jump = self._jump
+        if jump is None:
+            out = fn(self, *args, **kwargs)
+        else:
+            now = self.env.now
+            kv = self._kv.blocks
+            jump.sync(kv, now)
+            used = kv.used
+            out = fn(self, *args, **kwargs)
+            if jump.cut_at is None:  # (a jump already cut ends with the step running)
+                # The policy reads only the batch and its KV growth, or more (see above).
+                quiet = not self._waiting and self._swap is None
+                if not (quiet and jump.absorb(kv, now, kv.used - used)):
+                    jump.cut(now)
+                    self.process.interrupt("cut")
+        if self.on_load_change is not None:
+            self.on_load_change(self)
+        return out
+
+    gated.__gate__ = "absorbs"  # type: ignore[attr-defined]
+    return gated  # type: ignore[return-value]
+
+
 class Jump:
     """The state of one jump: its steps, and the KV booked so far.
 
@@ -157,6 +196,19 @@ class Jump:
             kv.release(self.extra[self.booked - 1] - self.extra[done - 1])
             del self.used[done:]
             self.booked = done
+
+    def absorb(self, kv: BlockManager, now: float, taken: int) -> bool:
+        """An outside write at ``now`` took ``taken`` KV blocks (after :meth:`sync`): True if
+        the remaining steps' growth still fits what allocations can get, so each is
+        scheduled as planned; the booked steps ending at or after ``now`` (the one running)
+        then record the blocks taken, as the steps booked later will."""
+        if self.extra[-1] - self.extra[self.booked - 1] > kv.available:
+            return False
+        if taken:
+            used = self.used
+            for i in range(bisect_left(self.ends, now, 0, self.booked), self.booked):
+                used[i] += taken
+        return True
 
     # ----- ending ----------------------------------------------------------------------
     def cut(self, now: float) -> bool:

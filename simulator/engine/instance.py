@@ -16,8 +16,9 @@ The instance is split by concern:
 
 Everything outside reaches an instance through its public methods and properties, and
 each of them passes the fast-forward gate (``@observes`` for reads, ``@mutates`` for
-writes), so a jump is brought up to date before it is read and cut before it is changed;
-the instance's state itself is private.
+writes, ``@absorbs`` for a hand-off's reservation), so a jump is brought up to date before
+it is read and cut before it is changed (unless it can absorb the change); the instance's
+state itself is private.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import simpy
 from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import SchedulerSpec
-from simulator.engine.fast_forward import Jump, mutates, observes, unbooked
+from simulator.engine.fast_forward import Jump, absorbs, mutates, observes, unbooked
 from simulator.engine.instance_life import InstanceLife
 from simulator.engine.kv_manager import KVManager
 from simulator.engine.lifecycle import Lifecycle
@@ -227,7 +228,7 @@ class Instance(InstanceLife):
         self._queued_tokens += req.prefill_target
         self._wake_up()
 
-    @mutates
+    @absorbs
     def try_reserve(self, req: Request) -> bool:
         """Decode role: reserve KV for an incoming request's prompt, if there is room (with
         a prefix cache here, the leading blocks it holds are pinned, not reserved)."""
@@ -246,7 +247,7 @@ class Instance(InstanceLife):
             self._on_kv_freed(self)
             self._wake_up()  # the freed KV may let a waiting recompute in
 
-    @mutates
+    @absorbs
     def rebind_reservation(self, req: Request) -> None:
         """Layer-wise hand-off: the reservation booked on a stand-in (same id) while the
         prefill ran now belongs to ``req`` itself."""
