@@ -1,14 +1,17 @@
-"""Alpha-beta models of collectives and point-to-point transfers on a link.
+"""Collectives and point-to-point transfers on a link.
 
-Ring all-reduce over ``n`` ranks moves ``2(n-1)/n * B`` bytes through each rank's link in
-``2(n-1)`` steps; each step pays the link's hop latency, each call a base latency (the
-NCCL model in ``nccl/src/graph/tuning.cc``). A one-rank group costs nothing.
+A link with an ``nccl`` block prices all-reduce, all-gather, reduce-scatter and all-to-all as
+NCCL runs them: the cheapest of its algorithms and protocols (:mod:`simulator.cost.nccl`).
+Other links use one alpha-beta model: ring all-reduce over ``n`` ranks moves
+``2(n-1)/n * B`` bytes through each rank's link in ``2(n-1)`` steps; each step pays the
+link's hop latency, each call a base latency. A one-rank group costs nothing.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from simulator.cost.nccl import nccl_time
 from simulator.hardware.profiles import LinkProfile
 
 AttentionParallel = Literal["tp", "dp"]
@@ -23,14 +26,21 @@ def _alpha(link: LinkProfile, steps: int) -> float:
 def allreduce_time(nbytes: float, ranks: int, link: LinkProfile) -> float:
     if ranks <= 1 or nbytes <= 0:
         return 0.0
+    if link.nccl is not None:
+        return nccl_time("allreduce", nbytes, ranks, link.nccl)
     steps = 2 * (ranks - 1)
     return _alpha(link, steps) + (2 * (ranks - 1) / ranks) * nbytes / link.effective_bandwidth
 
 
-def allgather_time(nbytes: float, ranks: int, link: LinkProfile) -> float:
-    """All-gather (or reduce-scatter) of a ``nbytes`` output buffer."""
+def allgather_time(nbytes: float, ranks: int, link: LinkProfile,
+                   op: str = "allgather") -> float:
+    """All-gather (or, with ``op="reducescatter"``, reduce-scatter) of a ``nbytes`` buffer
+    (the all-gather's output, the reduce-scatter's input)."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
+    if link.nccl is not None:
+        return nccl_time("reducescatter" if op == "reducescatter" else "allgather",
+                         nbytes, ranks, link.nccl)
     steps = ranks - 1
     return _alpha(link, steps) + ((ranks - 1) / ranks) * nbytes / link.effective_bandwidth
 
@@ -39,6 +49,8 @@ def alltoall_time(nbytes_per_rank: float, ranks: int, link: LinkProfile) -> floa
     """All-to-all where each rank holds ``nbytes_per_rank`` and keeps 1/ranks of it."""
     if ranks <= 1 or nbytes_per_rank <= 0:
         return 0.0
+    if link.nccl is not None:
+        return nccl_time("alltoall", nbytes_per_rank, ranks, link.nccl)
     steps = ranks - 1
     moved = ((ranks - 1) / ranks) * nbytes_per_rank
     return _alpha(link, steps) + moved / link.effective_bandwidth

@@ -222,6 +222,48 @@ _FALLBACK: dict[str, tuple[str, ...]] = {
 }
 
 
+class NcclTuning(_Frozen):
+    """How NCCL runs collectives on this link (:mod:`simulator.cost.nccl`).
+
+    NCCL prices ring, tree and NVLink SHARP with the LL, LL128 and Simple protocols and runs
+    the cheapest (``NVIDIA/nccl:src/graph/tuning.cc``); its per-hop latencies and protocol
+    factors are constants of the model, the numbers here are fitted per link on measured
+    NCCL collectives (``python -m simulator.validation.nccl_fit``).
+    """
+
+    hardware: Literal["nvlink", "pcie", "network"] = Field(
+        description="Which row of NCCL's per-hop latency table (`hwLat`) the link uses.")
+    bus_bandwidth_gb_per_s: float = Field(
+        gt=0, description="Bus bandwidth of NCCL's ring with the Simple protocol, GB/s per GPU.")
+    ll_bandwidth_gb_per_s: float = Field(
+        87.7, gt=0, description=(
+            "Cap on the LL protocol's bus bandwidth, GB/s (NCCL's `llMaxBw`, 87.7 on one "
+            "Ampere or Hopper node)."))
+    ll128: bool = Field(
+        True, description="Whether NCCL enables LL128 here (NVLink: yes; PCIe, network: no).")
+    base_scale: float = Field(
+        1.0, gt=0, description="Multiplier on NCCL's base latencies (`baseLat`), fitted.")
+    hop_scale: float = Field(
+        1.0, gt=0, description="Multiplier on NCCL's per-hop latencies (`hwLat`), fitted.")
+    nvls: bool = Field(
+        False, description=(
+            "Whether the fabric has NVLink SHARP (NVSwitch multicast: HGX H100/H200/B200, "
+            "NVL72); NCCL then also weighs NVLS for groups of more than 2 GPUs."))
+    nvls_bandwidth_gb_per_s: float | None = Field(
+        None, gt=0, description=(
+            "Algorithm bandwidth of an NVLS all-reduce, GB/s (buffer bytes per second); "
+            "required with `nvls`."))
+    nvls_latency_us: float = Field(
+        23.0, ge=0, description="Latency of one NVLS call, us (NCCL's NVLink `hwLat` 23).")
+    fitted_on: str = Field(description="The measurements the fitted numbers came from.")
+
+    @model_validator(mode="after")
+    def _nvls_needs_bandwidth(self) -> NcclTuning:
+        if self.nvls and self.nvls_bandwidth_gb_per_s is None:
+            raise ValueError("nvls_bandwidth_gb_per_s is required when nvls is true")
+        return self
+
+
 class LinkProfile(_Frozen):
     """A point-to-point or switched link: NVLink, PCIe, InfiniBand, RoCE, LPU C2C."""
 
@@ -245,6 +287,11 @@ class LinkProfile(_Frozen):
     collective_hop_us: float = Field(
         0.0, ge=0, description="Latency per ring/tree step of a collective, microseconds."
     )
+    nccl: NcclTuning | None = Field(
+        None, description=(
+            "NCCL's algorithm and protocol choice on this link; when set, all-reduce, "
+            "all-gather, reduce-scatter and all-to-all use it instead of the alpha-beta "
+            "fields above."))
     source: list[str] = Field(min_length=1, description="Citations for the figures above.")
 
     @property

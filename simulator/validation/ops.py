@@ -261,7 +261,7 @@ def predict_row(row: Mapping[Any, Any], hw: HardwareSet | None = None,
     if op == "allreduce":
         return allreduce_time(nbytes, ranks, link), link.name, "link"
     if op in ("allgather", "reducescatter"):
-        return allgather_time(nbytes, ranks, link), link.name, "link"
+        return allgather_time(nbytes, ranks, link, op), link.name, "link"
     if op == "alltoall":
         return alltoall_time(nbytes, ranks, link), link.name, "link"
     return p2p_time(nbytes, link), link.name, "link"

@@ -1,0 +1,139 @@
+"""NCCL's own choice of algorithm and protocol for a collective on one link.
+
+For every collective NCCL prices each algorithm (ring, tree, NVLink SHARP) with each protocol
+it may run (LL, LL128, Simple) as ``latency + bytes / bandwidth`` and launches the cheapest
+(``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in ``NVIDIA/nccl:src/graph/tuning.cc``).
+This module prices the same menu with the same structure; the link's ``nccl`` block
+(:class:`simulator.hardware.profiles.NcclTuning`) holds the few numbers fitted per link.
+
+The structure taken from ``tuning.cc`` (commit b6475625):
+
+* latency = base latency of (algorithm, protocol) + hops x hardware latency per hop, with the
+  constants of :data:`BASE_US` and :data:`HOP_US` (NVLink, PCIe or network rows); a ring
+  all-reduce takes ``2(n-1)`` hops, an all-gather / reduce-scatter ``n-1``, a tree all-reduce
+  ``2(n-1)`` inside a node (``2 log2 n`` across nodes), NVLink SHARP one fixed latency;
+* bandwidth = the ring's bus bandwidth times a protocol factor: Simple moves only data; LL
+  carries a 4-byte flag with every 4 data bytes and NCCL prices it at 1/4 of the bus
+  bandwidth for an all-reduce, 1/3 for an all-gather / reduce-scatter, capped at ``llMaxBw``;
+  LL128 keeps 120 of each 128 bytes for data (NCCL's 0.92); a tree reaches 0.92 of it and
+  moves its buffer twice (LL 1/3.8, LL128 7/9 of that inside a node);
+* NVLink SHARP (NVLS) runs Simple only, for all-reduce, all-gather and reduce-scatter, and
+  only on fabrics with multicast and groups of more than two GPUs
+  (``src/transport/nvls.cc``: ``gpuCount <= 2`` disables it); LL128 only where the link
+  allows it (NVLink in NCCL's tuner).
+
+All-to-all is not tuned by NCCL: it is grouped send/receive, which runs LL while each peer's
+share is at most ``NCCL_P2P_LL_THRESHOLD`` (16 KiB) and Simple above. The sends to all peers
+run at once, so it pays one call's base latency and one hop (:data:`P2P_HOPS`), and moves
+``(n-1)/n`` of the buffer at the protocol's bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from simulator.hardware.profiles import NcclTuning
+
+Collective = Literal["allreduce", "allgather", "reducescatter", "alltoall"]
+Algorithm = Literal["ring", "tree", "nvls"]
+Protocol = Literal["ll", "ll128", "simple"]
+
+BASE_US: dict[tuple[Algorithm, Protocol], float] = {
+    ("tree", "ll"): 6.8, ("tree", "ll128"): 14.0, ("tree", "simple"): 0.0,
+    ("ring", "ll"): 6.6, ("ring", "ll128"): 14.0, ("ring", "simple"): 8.4,
+    ("nvls", "simple"): 0.0,
+}
+"""``baseLat`` of ``tuning.cc``: fixed latency of one call per (algorithm, protocol), us."""
+
+HOP_US: dict[str, dict[tuple[Algorithm, Protocol], float]] = {
+    "nvlink": {("tree", "ll"): 0.6, ("tree", "ll128"): 1.25, ("tree", "simple"): 28.0,
+               ("ring", "ll"): 0.6, ("ring", "ll128"): 1.9, ("ring", "simple"): 3.4,
+               ("nvls", "simple"): 23.0},
+    "pcie": {("tree", "ll"): 1.0, ("tree", "ll128"): 1.9, ("tree", "simple"): 28.0,
+             ("ring", "ll"): 1.0, ("ring", "ll128"): 2.5, ("ring", "simple"): 5.7},
+    "network": {("tree", "ll"): 5.0, ("tree", "ll128"): 8.5, ("tree", "simple"): 28.0,
+                ("ring", "ll"): 2.7, ("ring", "ll128"): 4.0, ("ring", "simple"): 14.0,
+                ("nvls", "simple"): 18.0},
+}
+"""``hwLat`` of ``tuning.cc``: latency per hop by hardware, (algorithm, protocol), us. The
+NVLS entry is its whole latency (NCCL adds no base for NVLS)."""
+
+LL128_DATA = 0.92
+"""LL128's share of the bus bandwidth (``tuning.cc``; 120 of 128 bytes carry data)."""
+TREE_SHARE = 0.92
+"""A tree's share of the ring's bus bandwidth (``tuning.cc``)."""
+P2P_LL_THRESHOLD = 16384
+"""Bytes per peer up to which NCCL's send/receive use LL (``NCCL_P2P_LL_THRESHOLD``)."""
+P2P_HOPS: Literal["one", "ring"] = "one"
+"""Hops an all-to-all pays: one (peers served at once) or a ring's ``n-1`` steps. Chosen on
+the training sizes' folds (:mod:`simulator.validation.nccl_fit` ``--folds``)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One (algorithm, protocol) NCCL would consider, and its time in seconds."""
+
+    algorithm: Algorithm
+    protocol: Protocol
+    seconds: float
+
+
+def _ll_bus(op: Collective, bus: float, cap: float) -> float:
+    return min(cap, bus / (4.0 if op == "allreduce" else 3.0))
+
+
+def candidates(op: Collective, nbytes: float, ranks: int, t: NcclTuning) -> list[Choice]:
+    """Every (algorithm, protocol) NCCL's tuner weighs for this call, with its time.
+
+    ``nbytes`` is the buffer NCCL is given (the all-reduce buffer, the all-gather output /
+    reduce-scatter input, the all-to-all buffer of one rank). Empty for one rank or no bytes.
+    """
+    if ranks <= 1 or nbytes <= 0:
+        return []
+    n = ranks
+    hop = HOP_US[t.hardware]
+    bus = t.bus_bandwidth_gb_per_s * 1e9
+    ll_cap = t.ll_bandwidth_gb_per_s * 1e9
+    protocols: list[Protocol] = ["ll", "ll128", "simple"] if t.ll128 else ["ll", "simple"]
+    out: list[Choice] = []
+
+    def lat(a: Algorithm, p: Protocol, hops: float) -> float:
+        return (t.base_scale * BASE_US[(a, p)] + t.hop_scale * hops * hop[(a, p)]) * 1e-6
+
+    if op == "alltoall":
+        p: Protocol = "ll" if nbytes / n <= P2P_LL_THRESHOLD else "simple"
+        bw = _ll_bus("allgather", bus, ll_cap) if p == "ll" else bus
+        moved = (n - 1) / n * nbytes
+        hops = 1 if P2P_HOPS == "one" else n - 1
+        return [Choice("ring", p, lat("ring", p, hops) + moved / bw)]
+
+    steps = 2 * (n - 1) if op == "allreduce" else n - 1
+    for p in protocols:
+        bw = {"ll": _ll_bus(op, bus, ll_cap), "ll128": LL128_DATA * bus, "simple": bus}[p]
+        out.append(Choice("ring", p, lat("ring", p, steps) + nbytes * steps / n / bw))
+    if op == "allreduce":
+        depth = 2 * (n - 1) if t.hardware != "network" else 2 * math.ceil(math.log2(n))
+        for p in protocols:
+            bw = TREE_SHARE * bus
+            bw = {"ll": min(bw / 3.8, ll_cap), "ll128": bw * 7 / 9, "simple": bw}[p]
+            out.append(Choice("tree", p, lat("tree", p, depth) + 2 * nbytes / bw))
+    if t.nvls and n > 2 and t.nvls_bandwidth_gb_per_s is not None:
+        moved = nbytes if op == "allreduce" else (n - 1) / n * nbytes
+        out.append(Choice("nvls", "simple", t.nvls_latency_us * 1e-6
+                          + moved / (t.nvls_bandwidth_gb_per_s * 1e9)))
+    return out
+
+
+def choose(op: Collective, nbytes: float, ranks: int, t: NcclTuning) -> Choice | None:
+    """The (algorithm, protocol) NCCL's tuner launches: the lowest predicted time."""
+    menu = candidates(op, nbytes, ranks, t)
+    return min(menu, key=lambda c: c.seconds) if menu else None
+
+
+def nccl_time(op: Collective, nbytes: float, ranks: int, t: NcclTuning) -> float:
+    """Seconds of the collective as NCCL runs it (0 for one rank or no bytes)."""
+    c = choose(op, nbytes, ranks, t)
+    return c.seconds if c is not None else 0.0
