@@ -242,7 +242,8 @@ def test_compute_fit_recovers_the_parameters_that_made_the_data(tmp_path: Path) 
 
 def test_link_fit_recovers_latency_and_bandwidth_terms(tmp_path: Path) -> None:
     truth = NVL.model_copy(update={"collective_base_us": 7.0, "collective_hop_us": 1.3,
-                                   "efficiency": 0.7, "per_transfer_overhead_us": 9.0})
+                                   "efficiency": 0.7, "per_transfer_overhead_us": 9.0,
+                                   "nccl": None})
     rows = [{"op": op, "device": "H100-SXM", "num_gpus": n, "message_bytes": size,
              "measured_latency_us": 1.0}
             for op in ("allreduce", "allgather") for n in (2, 4, 8) for size in (512, 2**29)]

@@ -72,68 +72,104 @@ P2P_HOPS: Literal["one", "ring"] = "one"
 the training sizes' folds (:mod:`simulator.validation.nccl_fit` ``--folds``)."""
 
 
+LL_MAX_BW = 87.7
+"""The tuner's cap on LL's bus bandwidth on one Ampere / Hopper node, GB/s (``llMaxBws``)."""
+NVLS_ALG_SHARE = 5 / 6
+"""The tuner's NVLS algorithm bandwidth per unit of bus bandwidth (``tuning.cc``)."""
+
+
 @dataclass(frozen=True)
 class Choice:
-    """One (algorithm, protocol) NCCL would consider, and its time in seconds."""
+    """One (algorithm, protocol) NCCL would consider: the time NCCL's tuner predicts for it
+    (``estimate``, what it ranks by) and the time it takes on this link (``seconds``)."""
 
     algorithm: Algorithm
     protocol: Protocol
     seconds: float
+    estimate: float
 
 
-def _ll_bus(op: Collective, bus: float, cap: float) -> float:
-    return min(cap, bus / (4.0 if op == "allreduce" else 3.0))
+@dataclass(frozen=True)
+class _Rates:
+    base_scale: float
+    hop_scale: float
+    bus: float  # bytes/s
+    ll_bus: float | None  # bytes/s; None: the tuner's LL rule
+    nvls_bw: float | None  # bytes/s of buffer
+    nvls_us: float
+
+
+def _tuner_rates(t: NcclTuning) -> _Rates:
+    bus = (t.tuner_bus_bandwidth_gb_per_s or t.bus_bandwidth_gb_per_s) * 1e9
+    return _Rates(1.0, 1.0, bus, None, bus * NVLS_ALG_SHARE, HOP_US[t.hardware].get(
+        ("nvls", "simple"), 0.0))
+
+
+def _link_rates(t: NcclTuning) -> _Rates:
+    nvls = t.nvls_bandwidth_gb_per_s * 1e9 if t.nvls_bandwidth_gb_per_s else None
+    return _Rates(t.base_scale, t.hop_scale, t.bus_bandwidth_gb_per_s * 1e9,
+                  t.ll_bandwidth_gb_per_s * 1e9, nvls, t.nvls_latency_us)
+
+
+def _menu(op: Collective, nbytes: float, n: int, t: NcclTuning,
+          r: _Rates) -> dict[tuple[Algorithm, Protocol], float]:
+    """Seconds of each (algorithm, protocol) with one set of rates."""
+    hop = HOP_US[t.hardware]
+    protocols: list[Protocol] = ["ll", "ll128", "simple"] if t.ll128 else ["ll", "simple"]
+
+    def lat(a: Algorithm, p: Protocol, hops: float) -> float:
+        return (r.base_scale * BASE_US[(a, p)] + r.hop_scale * hops * hop[(a, p)]) * 1e-6
+
+    def ll(share: float) -> float:  # LL's bus bandwidth: the tuner's rule or the link's
+        return min(LL_MAX_BW * 1e9, r.bus * share) if r.ll_bus is None else r.ll_bus
+
+    out: dict[tuple[Algorithm, Protocol], float] = {}
+    if op == "alltoall":
+        p: Protocol = "ll" if nbytes / n <= P2P_LL_THRESHOLD else "simple"
+        bw = ll(1 / 3) if p == "ll" else r.bus
+        hops = 1 if P2P_HOPS == "one" else n - 1
+        out[("ring", p)] = lat("ring", p, hops) + (n - 1) / n * nbytes / bw
+        return out
+    steps = 2 * (n - 1) if op == "allreduce" else n - 1
+    for p in protocols:
+        share = 1 / 4 if op == "allreduce" else 1 / 3
+        bw = {"ll": ll(share), "ll128": LL128_DATA * r.bus, "simple": r.bus}[p]
+        out[("ring", p)] = lat("ring", p, steps) + nbytes * steps / n / bw
+    if op == "allreduce":
+        depth = 2 * (n - 1) if t.hardware != "network" else 2 * math.ceil(math.log2(n))
+        for p in protocols:
+            bw = {"ll": TREE_SHARE * ll(1 / 3.8), "ll128": TREE_SHARE * r.bus * 7 / 9,
+                  "simple": TREE_SHARE * r.bus}[p]
+            out[("tree", p)] = lat("tree", p, depth) + 2 * nbytes / bw
+    if t.nvls and n > 2 and r.nvls_bw is not None:
+        moved = nbytes if op == "allreduce" else (n - 1) / n * nbytes
+        out[("nvls", "simple")] = r.nvls_us * 1e-6 + moved / r.nvls_bw
+    return out
 
 
 def candidates(op: Collective, nbytes: float, ranks: int, t: NcclTuning) -> list[Choice]:
-    """Every (algorithm, protocol) NCCL's tuner weighs for this call, with its time.
+    """Every (algorithm, protocol) NCCL's tuner weighs for this call, with the tuner's
+    estimate (NCCL's constants, the tuner's bus bandwidth) and the link's fitted time.
 
     ``nbytes`` is the buffer NCCL is given (the all-reduce buffer, the all-gather output /
     reduce-scatter input, the all-to-all buffer of one rank). Empty for one rank or no bytes.
     """
     if ranks <= 1 or nbytes <= 0:
         return []
-    n = ranks
-    hop = HOP_US[t.hardware]
-    bus = t.bus_bandwidth_gb_per_s * 1e9
-    ll_cap = t.ll_bandwidth_gb_per_s * 1e9
-    protocols: list[Protocol] = ["ll", "ll128", "simple"] if t.ll128 else ["ll", "simple"]
-    out: list[Choice] = []
-
-    def lat(a: Algorithm, p: Protocol, hops: float) -> float:
-        return (t.base_scale * BASE_US[(a, p)] + t.hop_scale * hops * hop[(a, p)]) * 1e-6
-
-    if op == "alltoall":
-        p: Protocol = "ll" if nbytes / n <= P2P_LL_THRESHOLD else "simple"
-        bw = _ll_bus("allgather", bus, ll_cap) if p == "ll" else bus
-        moved = (n - 1) / n * nbytes
-        hops = 1 if P2P_HOPS == "one" else n - 1
-        return [Choice("ring", p, lat("ring", p, hops) + moved / bw)]
-
-    steps = 2 * (n - 1) if op == "allreduce" else n - 1
-    for p in protocols:
-        bw = {"ll": _ll_bus(op, bus, ll_cap), "ll128": LL128_DATA * bus, "simple": bus}[p]
-        out.append(Choice("ring", p, lat("ring", p, steps) + nbytes * steps / n / bw))
-    if op == "allreduce":
-        depth = 2 * (n - 1) if t.hardware != "network" else 2 * math.ceil(math.log2(n))
-        for p in protocols:
-            bw = TREE_SHARE * bus
-            bw = {"ll": min(bw / 3.8, ll_cap), "ll128": bw * 7 / 9, "simple": bw}[p]
-            out.append(Choice("tree", p, lat("tree", p, depth) + 2 * nbytes / bw))
-    if t.nvls and n > 2 and t.nvls_bandwidth_gb_per_s is not None:
-        moved = nbytes if op == "allreduce" else (n - 1) / n * nbytes
-        out.append(Choice("nvls", "simple", t.nvls_latency_us * 1e-6
-                          + moved / (t.nvls_bandwidth_gb_per_s * 1e9)))
-    return out
+    real = _menu(op, nbytes, ranks, t, _link_rates(t))
+    guess = _menu(op, nbytes, ranks, t, _tuner_rates(t))
+    return [Choice(a, p, sec, guess[(a, p)]) for (a, p), sec in real.items()]
 
 
 def choose(op: Collective, nbytes: float, ranks: int, t: NcclTuning) -> Choice | None:
-    """The (algorithm, protocol) NCCL's tuner launches: the lowest predicted time."""
+    """The (algorithm, protocol) NCCL's tuner launches: the lowest *predicted* time (its own
+    estimate), which is not always the fastest on the link."""
     menu = candidates(op, nbytes, ranks, t)
-    return min(menu, key=lambda c: c.seconds) if menu else None
+    return min(menu, key=lambda c: c.estimate) if menu else None
 
 
 def nccl_time(op: Collective, nbytes: float, ranks: int, t: NcclTuning) -> float:
-    """Seconds of the collective as NCCL runs it (0 for one rank or no bytes)."""
+    """Seconds of the collective as NCCL runs it: the tuner's choice, priced on the link
+    (0 for one rank or no bytes)."""
     c = choose(op, nbytes, ranks, t)
     return c.seconds if c is not None else 0.0

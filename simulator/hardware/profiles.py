@@ -225,20 +225,25 @@ _FALLBACK: dict[str, tuple[str, ...]] = {
 class NcclTuning(_Frozen):
     """How NCCL runs collectives on this link (:mod:`simulator.cost.nccl`).
 
-    NCCL prices ring, tree and NVLink SHARP with the LL, LL128 and Simple protocols and runs
-    the cheapest (``NVIDIA/nccl:src/graph/tuning.cc``); its per-hop latencies and protocol
-    factors are constants of the model, the numbers here are fitted per link on measured
-    NCCL collectives (``python -m simulator.validation.nccl_fit``).
+    NCCL's tuner prices ring, tree and NVLink SHARP with the LL, LL128 and Simple protocols on
+    its own constants and runs the one it predicts cheapest (``NVIDIA/nccl:src/graph/
+    tuning.cc``); the numbers here say what that choice then costs on this link, fitted per
+    link on measured NCCL collectives (``python -m simulator.validation.nccl_fit``).
     """
 
     hardware: Literal["nvlink", "pcie", "network"] = Field(
         description="Which row of NCCL's per-hop latency table (`hwLat`) the link uses.")
     bus_bandwidth_gb_per_s: float = Field(
         gt=0, description="Bus bandwidth of NCCL's ring with the Simple protocol, GB/s per GPU.")
+    tuner_bus_bandwidth_gb_per_s: float | None = Field(
+        None, gt=0, description=(
+            "The bus bandwidth NCCL's tuner assumes when it ranks the choices, GB/s per GPU: "
+            "NVLink links x NCCL's per-link figure (`src/graph/topo.h`: 20.0 GB/s SM80, 20.6 "
+            "SM90, 40.1 SM100). Default: `bus_bandwidth_gb_per_s`."))
     ll_bandwidth_gb_per_s: float = Field(
-        87.7, gt=0, description=(
-            "Cap on the LL protocol's bus bandwidth, GB/s (NCCL's `llMaxBw`, 87.7 on one "
-            "Ampere or Hopper node)."))
+        gt=0, description=(
+            "Bus bandwidth the LL protocol reaches on the link, GB/s per GPU, fitted (NCCL's "
+            "tuner assumes a quarter of the bus bandwidth for an all-reduce, capped at 87.7)."))
     ll128: bool = Field(
         True, description="Whether NCCL enables LL128 here (NVLink: yes; PCIe, network: no).")
     base_scale: float = Field(

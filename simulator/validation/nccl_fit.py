@@ -43,6 +43,9 @@ LINK_TABLES: dict[str, list[tuple[str, str, str]]] = {
 """Per link, the devices measured on it: (device profile, system, NCCL version)."""
 
 NVLS_LINKS = {"nvlink4", "nvlink5"}
+TUNER_BUS_GB_PER_S = {"nvlink3": 12 * 20.0, "nvlink4": 18 * 20.6, "nvlink5": 18 * 40.1}
+"""NCCL's own bus-bandwidth figure per link: NVLink links per GPU x ``SM80_NVLINK_BW`` 20.0,
+``SM90_NVLINK_BW`` 20.6, ``SM100_NVLINK_BW`` 40.1 GB/s (``NVIDIA/nccl:src/graph/topo.h``)."""
 """Fabrics with NVLink SHARP: NVSwitch 3 (HGX H100 / H200) and NVSwitch 4 (HGX B200)."""
 
 OPS: dict[str, Collective] = {"all_reduce": "allreduce", "all_gather": "allgather",
@@ -76,9 +79,11 @@ def load_rows(root: Path, link: str) -> pd.DataFrame:
     return rows
 
 
-def _tuning(x: np.ndarray, nvls: bool, ll128: bool, scales: bool) -> NcclTuning:
+def _tuning(x: np.ndarray, nvls: bool, ll128: bool, scales: bool,
+            tuner_bus: float | None = None) -> NcclTuning:
     v = np.exp(x)
     return NcclTuning.model_construct(
+        tuner_bus_bandwidth_gb_per_s=tuner_bus,
         hardware="nvlink", bus_bandwidth_gb_per_s=float(v[0]), ll_bandwidth_gb_per_s=float(v[1]),
         ll128=ll128, base_scale=float(v[2]) if scales else 1.0,
         hop_scale=float(v[3]) if scales else 1.0, nvls=nvls,
@@ -104,26 +109,23 @@ def predict_us(t: NcclTuning | LinkProfile, rows: pd.DataFrame) -> np.ndarray:
 
 
 def fit(rows: pd.DataFrame, nvls: bool, ll128: bool = True, scales: bool = True,
-        loss: str = "soft_l1") -> NcclTuning:
+        loss: str = "soft_l1", tuner_bus: float | None = None) -> NcclTuning:
     """Least squares on log(predicted / measured) from a few starts (robust loss)."""
     from scipy.optimize import least_squares
 
     meas = rows["us"].to_numpy(float)
 
     def resid(x: np.ndarray) -> np.ndarray:
-        return np.log(predict_us(_tuning(x, nvls, ll128, scales), rows) / meas)
+        return np.log(predict_us(_tuning(x, nvls, ll128, scales, tuner_bus), rows) / meas)
 
     best = None
     for bus, lat in ((300.0, 1.0), (450.0, 1.5), (700.0, 2.0)):
-        x0 = np.log([bus, 87.7, lat, lat, bus * 0.6, 23.0])
+        x0 = np.log([bus, bus / 2, lat, lat, bus * 0.6, 23.0])
         r = least_squares(resid, x0, loss=loss, f_scale=0.05, max_nfev=400)
         if best is None or r.cost < best.cost:
             best = r
     assert best is not None
-    t = _tuning(best.x, nvls, ll128, scales)
-    # A cap above a third of the bus bandwidth never binds: write the bound, same times.
-    cap = min(t.ll_bandwidth_gb_per_s, t.bus_bandwidth_gb_per_s / 3)
-    return t.model_copy(update={"ll_bandwidth_gb_per_s": cap})
+    return _tuning(best.x, nvls, ll128, scales, tuner_bus)
 
 
 def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
@@ -145,8 +147,9 @@ def report(link: str, rows: pd.DataFrame, tuned: NcclTuning) -> list[dict[str, A
     return out
 
 
-def fold_errors(rows: pd.DataFrame, nvls: bool, folds: int = 4) -> dict[str, float]:
-    """Median APE of each model form on the training sizes, each fold fitted on the others."""
+def fold_errors(rows: pd.DataFrame, nvls: bool, tuner_bus: float | None,
+                folds: int = 4) -> dict[str, tuple[float, float]]:
+    """Median and p90 APE of each model form on the training sizes, each fold fitted on the others."""
     train = rows[~rows["held_out"]]
     sizes = np.sort(train["bytes"].unique())
     out = {}
@@ -157,9 +160,10 @@ def fold_errors(rows: pd.DataFrame, nvls: bool, folds: int = 4) -> dict[str, flo
             test = train["bytes"].isin(sizes[k::folds])
             t = fit(train[~test], nvls and form.get("nvls", True),
                     form.get("ll128", True), form.get("scales", True),
-                    form.get("loss", "soft_l1"))
+                    form.get("loss", "soft_l1"), form.get("tuner_bus", tuner_bus))
             errs.append(_ape(predict_us(t, train[test]), train[test]["us"].to_numpy(float)))
-        out[name] = round(float(np.median(np.concatenate(errs))), 1)
+        e = np.concatenate(errs)
+        out[name] = (round(float(np.median(e)), 1), round(float(np.percentile(e, 90)), 1))
     nccl.P2P_HOPS = "one"
     return out
 
@@ -167,6 +171,7 @@ def fold_errors(rows: pd.DataFrame, nvls: bool, folds: int = 4) -> dict[str, flo
 def yaml_block(t: NcclTuning) -> str:
     lines = ["nccl:                            # python -m simulator.validation.nccl_fit",
              f"  hardware: {t.hardware}",
+             f"  tuner_bus_bandwidth_gb_per_s: {t.tuner_bus_bandwidth_gb_per_s:.1f}",
              f"  bus_bandwidth_gb_per_s: {t.bus_bandwidth_gb_per_s:.1f}",
              f"  ll_bandwidth_gb_per_s: {t.ll_bandwidth_gb_per_s:.1f}",
              f"  ll128: {str(t.ll128).lower()}",
@@ -210,9 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = load_rows(root, link)
         nvls = link in NVLS_LINKS
         if args.folds:
-            print(f"{link} training folds, median APE %: {fold_errors(rows, nvls)}")
+            folds = fold_errors(rows, nvls, TUNER_BUS_GB_PER_S[link])
+            print(f"{link} training folds, (median, p90) APE %: {folds}")
         train = rows[~rows["held_out"]]
-        t = fit(train, nvls)
+        t = fit(train, nvls, tuner_bus=TUNER_BUS_GB_PER_S[link])
         t = t.model_copy(update={"fitted_on": "AIConfigurator nccl_perf "
                                  + ", ".join(f"{s} NCCL {v}" for _, s, v in LINK_TABLES[link])
                                  + f", 16-bit, {len(train)} rows; sizes "
