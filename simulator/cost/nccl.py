@@ -1,10 +1,15 @@
 """NCCL's own choice of algorithm and protocol for a collective on one link.
 
-For every collective NCCL prices each algorithm (ring, tree, NVLink SHARP) with each protocol
-it may run (LL, LL128, Simple) as ``latency + bytes / bandwidth`` and launches the cheapest
-(``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in ``NVIDIA/nccl:src/graph/tuning.cc``).
-This module prices the same menu with the same structure; the link's ``nccl`` block
-(:class:`simulator.hardware.profiles.NcclTuning`) holds the few numbers fitted per link.
+For every collective NCCL's tuner prices each algorithm (ring, tree, NVLink SHARP) with each
+protocol it may run (LL, LL128, Simple) as ``latency + bytes / bandwidth`` on its own constants
+and launches the one it predicts cheapest (``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``
+in ``NVIDIA/nccl:src/graph/tuning.cc``). The prediction is not the time: the tuner's LL is
+slower and its Simple and NVLS latencies lower than they run, so the measured curves jump
+where the tuner switches protocol (2 x H100: 14 us at 1 MiB, 28 us at 2 MiB). This module
+does both steps: it ranks the menu with the tuner's model (NCCL's constants, NCCL's own
+bus-bandwidth figure for the link) and prices the chosen entry with the same structure on the
+link's fitted numbers (the link's ``nccl`` block,
+:class:`simulator.hardware.profiles.NcclTuning`).
 
 The structure taken from ``tuning.cc`` (commit b6475625):
 
@@ -13,10 +18,12 @@ The structure taken from ``tuning.cc`` (commit b6475625):
   all-reduce takes ``2(n-1)`` hops, an all-gather / reduce-scatter ``n-1``, a tree all-reduce
   ``2(n-1)`` inside a node (``2 log2 n`` across nodes), NVLink SHARP one fixed latency;
 * bandwidth = the ring's bus bandwidth times a protocol factor: Simple moves only data; LL
-  carries a 4-byte flag with every 4 data bytes and NCCL prices it at 1/4 of the bus
-  bandwidth for an all-reduce, 1/3 for an all-gather / reduce-scatter, capped at ``llMaxBw``;
+  carries a 4-byte flag with every 4 data bytes and the tuner prices it at 1/4 of the bus
+  bandwidth for an all-reduce, 1/3 for an all-gather / reduce-scatter, capped at ``llMaxBw``
+  (on the link, LL's bus bandwidth is a fitted figure of its own);
   LL128 keeps 120 of each 128 bytes for data (NCCL's 0.92); a tree reaches 0.92 of it and
   moves its buffer twice (LL 1/3.8, LL128 7/9 of that inside a node);
+* the tuner's NVLS algorithm bandwidth is 5/6 of its bus bandwidth, its latency 23 us;
 * NVLink SHARP (NVLS) runs Simple only, for all-reduce, all-gather and reduce-scatter, and
   only on fabrics with multicast and groups of more than two GPUs
   (``src/transport/nvls.cc``: ``gpuCount <= 2`` disables it); LL128 only where the link
