@@ -150,6 +150,8 @@ def _write_link_with(tmp_path: Path, edit: dict[str, object]) -> Path:
     ({"hardware": "nvswitch"}, "nccl.hardware"),
     ({"hop_scale": -1.0}, "nccl.hop_scale"),
     ({"nvls_bandwith_gb_per_s": 100.0}, "nccl.nvls_bandwith_gb_per_s"),
+    ({"op_bus_bandwidth_gb_per_s": {"allgather": 0.0}}, "op_bus_bandwidth_gb_per_s.allgather"),
+    ({"op_bus_bandwidth_gb_per_s": {"allreduce": 300.0}}, "op_bus_bandwidth_gb_per_s"),
 ])
 def test_bad_nccl_block_names_the_field(tmp_path: Path, edit: dict[str, object],
                                         field: str) -> None:

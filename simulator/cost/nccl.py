@@ -112,9 +112,10 @@ def _tuner_rates(t: NcclTuning) -> _Rates:
         ("nvls", "simple"), 0.0))
 
 
-def _link_rates(t: NcclTuning) -> _Rates:
+def _link_rates(t: NcclTuning, op: Collective) -> _Rates:
     nvls = t.nvls_bandwidth_gb_per_s * 1e9 if t.nvls_bandwidth_gb_per_s else None
-    return _Rates(t.base_scale, t.hop_scale, t.bus_bandwidth_gb_per_s * 1e9,
+    bus = t.op_bus_bandwidth_gb_per_s.get(op, t.bus_bandwidth_gb_per_s)  # type: ignore[call-overload,arg-type]
+    return _Rates(t.base_scale, t.hop_scale, bus * 1e9,
                   t.ll_bandwidth_gb_per_s * 1e9, nvls, t.nvls_latency_us)
 
 
@@ -163,7 +164,7 @@ def candidates(op: Collective, nbytes: float, ranks: int, t: NcclTuning) -> list
     """
     if ranks <= 1 or nbytes <= 0:
         return []
-    real = _menu(op, nbytes, ranks, t, _link_rates(t))
+    real = _menu(op, nbytes, ranks, t, _link_rates(t, op))
     guess = _menu(op, nbytes, ranks, t, _tuner_rates(t))
     return [Choice(a, p, sec, guess[(a, p)]) for (a, p), sec in real.items()]
 

@@ -240,6 +240,11 @@ class NcclTuning(_Frozen):
             "The bus bandwidth NCCL's tuner assumes when it ranks the choices, GB/s per GPU: "
             "NVLink links x NCCL's per-link figure (`src/graph/topo.h`: 20.0 GB/s SM80, 20.6 "
             "SM90, 40.1 SM100). Default: `bus_bandwidth_gb_per_s`."))
+    op_bus_bandwidth_gb_per_s: dict[
+        Literal["allgather", "reducescatter", "alltoall"], float] = Field(
+        default_factory=dict, description=(
+            "The Simple bus bandwidth on the link of the collectives where it differs from "
+            "the all-reduce's `bus_bandwidth_gb_per_s`, GB/s per GPU, fitted per collective."))
     ll_bandwidth_gb_per_s: float = Field(
         gt=0, description=(
             "Bus bandwidth the LL protocol reaches on the link, GB/s per GPU, fitted (NCCL's "
@@ -264,6 +269,9 @@ class NcclTuning(_Frozen):
 
     @model_validator(mode="after")
     def _nvls_needs_bandwidth(self) -> NcclTuning:
+        for op, value in self.op_bus_bandwidth_gb_per_s.items():
+            if not value > 0:
+                raise ValueError(f"op_bus_bandwidth_gb_per_s.{op} must be > 0, got {value}")
         if self.nvls and self.nvls_bandwidth_gb_per_s is None:
             raise ValueError("nvls_bandwidth_gb_per_s is required when nvls is true")
         return self

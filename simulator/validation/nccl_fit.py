@@ -21,7 +21,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -58,6 +58,7 @@ FORMS: dict[str, dict[str, Any]] = {
     "fixed-latency": {"scales": False},
     "squared-loss": {"loss": "linear"},
     "alltoall-ring-steps": {"p2p_hops": "ring"},
+    "one-bus-bandwidth": {"per_op": False},
 }
 """Model forms compared on the training folds; ``nccl`` (all of NCCL's menu, fitted
 latency scales) is kept."""
@@ -80,9 +81,13 @@ def load_rows(root: Path, link: str) -> pd.DataFrame:
 
 
 def _tuning(x: np.ndarray, nvls: bool, ll128: bool, scales: bool,
-            tuner_bus: float | None = None) -> NcclTuning:
+            tuner_bus: float | None = None, per_op: bool = True) -> NcclTuning:
     v = np.exp(x)
+    by_op: dict[Literal["allgather", "reducescatter", "alltoall"], float] = (
+        {"allgather": float(v[6]), "reducescatter": float(v[7]), "alltoall": float(v[8])}
+        if per_op else {})
     return NcclTuning.model_construct(
+        op_bus_bandwidth_gb_per_s=by_op,
         tuner_bus_bandwidth_gb_per_s=tuner_bus,
         hardware="nvlink", bus_bandwidth_gb_per_s=float(v[0]), ll_bandwidth_gb_per_s=float(v[1]),
         ll128=ll128, base_scale=float(v[2]) if scales else 1.0,
@@ -109,23 +114,24 @@ def predict_us(t: NcclTuning | LinkProfile, rows: pd.DataFrame) -> np.ndarray:
 
 
 def fit(rows: pd.DataFrame, nvls: bool, ll128: bool = True, scales: bool = True,
-        loss: str = "soft_l1", tuner_bus: float | None = None) -> NcclTuning:
+        loss: str = "soft_l1", tuner_bus: float | None = None,
+        per_op: bool = True) -> NcclTuning:
     """Least squares on log(predicted / measured) from a few starts (robust loss)."""
     from scipy.optimize import least_squares
 
     meas = rows["us"].to_numpy(float)
 
     def resid(x: np.ndarray) -> np.ndarray:
-        return np.log(predict_us(_tuning(x, nvls, ll128, scales, tuner_bus), rows) / meas)
+        return np.log(predict_us(_tuning(x, nvls, ll128, scales, tuner_bus, per_op), rows) / meas)
 
     best = None
     for bus, lat in ((300.0, 1.0), (450.0, 1.5), (700.0, 2.0)):
-        x0 = np.log([bus, bus / 2, lat, lat, bus * 0.6, 23.0])
+        x0 = np.log([bus, bus / 2, lat, lat, bus * 0.6, 23.0, bus, bus, bus])
         r = least_squares(resid, x0, loss=loss, f_scale=0.05, max_nfev=400)
         if best is None or r.cost < best.cost:
             best = r
     assert best is not None
-    return _tuning(best.x, nvls, ll128, scales, tuner_bus)
+    return _tuning(best.x, nvls, ll128, scales, tuner_bus, per_op)
 
 
 def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
@@ -160,7 +166,8 @@ def fold_errors(rows: pd.DataFrame, nvls: bool, tuner_bus: float | None,
             test = train["bytes"].isin(sizes[k::folds])
             t = fit(train[~test], nvls and form.get("nvls", True),
                     form.get("ll128", True), form.get("scales", True),
-                    form.get("loss", "soft_l1"), form.get("tuner_bus", tuner_bus))
+                    form.get("loss", "soft_l1"), form.get("tuner_bus", tuner_bus),
+                    form.get("per_op", True))
             errs.append(_ape(predict_us(t, train[test]), train[test]["us"].to_numpy(float)))
         e = np.concatenate(errs)
         out[name] = (round(float(np.median(e)), 1), round(float(np.percentile(e, 90)), 1))
@@ -173,6 +180,8 @@ def yaml_block(t: NcclTuning) -> str:
              f"  hardware: {t.hardware}",
              f"  tuner_bus_bandwidth_gb_per_s: {t.tuner_bus_bandwidth_gb_per_s:.1f}",
              f"  bus_bandwidth_gb_per_s: {t.bus_bandwidth_gb_per_s:.1f}",
+             "  op_bus_bandwidth_gb_per_s: {"
+             + ", ".join(f"{k}: {v:.1f}" for k, v in t.op_bus_bandwidth_gb_per_s.items()) + "}",
              f"  ll_bandwidth_gb_per_s: {t.ll_bandwidth_gb_per_s:.1f}",
              f"  ll128: {str(t.ll128).lower()}",
              f"  base_scale: {t.base_scale:.3f}",
