@@ -14,7 +14,8 @@ minimising the squared log-ratio of predicted to measured time (relative errors,
 Collectives: per op and group size, ``t = alpha + factor * bytes / bw`` by weighted linear
 least squares (what the data says); per link, the terms the link profile can express
 (``collective_base_us``, ``collective_hop_us``, ``efficiency``, and
-``per_transfer_overhead_us`` when point-to-point rows exist) fitted on all rows together.
+``per_transfer_overhead_us`` when point-to-point rows exist) fitted on all rows together; the
+calibrated link is priced by those terms (a shipped link's ``nccl`` block is dropped).
 """
 
 from __future__ import annotations
@@ -324,8 +325,10 @@ def calibrate(train: pd.DataFrame, device: str, fitted_on: dict[str, object],
         for link_name, grp in comm.groupby("_link", sort=True):
             link = load_link(str(link_name))
             terms = {k: round(float(v), 4) for k, v in fit_link(grp, link).items()}
+            # The fitted alpha-beta terms price the calibrated link: its table-fitted NCCL
+            # block (if any) gives way to the user's measurements.
             links[str(link_name)] = link.model_copy(update={
-                **terms, "name": f"{link.name}-{name}-calibrated",
+                **terms, "nccl": None, "name": f"{link.name}-{name}-calibrated",
                 "source": [*link.source, f"{record.split('. Base profile', maxsplit=1)[0]}; "
                            f"{len(grp)} {link.name} rows"]})
     cal = Calibration(name, base, calibrated, links, fit, fit_collective_groups(rows),
