@@ -35,7 +35,6 @@ from simulator.validation.ops import error_table, gemm_work, predict, read_ops, 
 OPS_FILES = ("ops_h100.csv", "ops_nccl_a100_h200_b200.csv")
 SERVING_FILE = "serving_trtllm_llama8b.csv"
 HOLDOUT_SEED = 0
-REF = "shared reference hardware_and_models.md"
 
 
 def validation_dir() -> Path:
@@ -78,7 +77,9 @@ def kernel_figures() -> list[dict[str, Any]]:
         return (flops if what == "TFLOP/s" else nbytes) / seconds / 1e12
 
     big, stream = (8192, 8192, 8192), (8, 8192, 8192)
-    aic = "AIConfigurator TRT-LLM 1.3.0rc20 GEMM sweep median, " + REF + " 1.6(b)"
+    aic = ("AIConfigurator TRT-LLM 1.3.0rc20 GEMM sweep median (ai-dynamo/aiconfigurator "
+           "systems/data/<sku>/gemm/trtllm/1.3.0rc20/gemm_perf.parquet@095f58a; m,n,k >= 4096, "
+           "or m <= 8 and n,k >= 8192 for weight streaming)")
     for device, dtype, shape, unit, measured in (
         ("H100-SXM", "bf16", big, "TFLOP/s", 771), ("H100-SXM", "fp8", big, "TFLOP/s", 1219),
         ("H100-SXM", "bf16", stream, "TB/s", 2.81),
@@ -92,7 +93,8 @@ def kernel_figures() -> list[dict[str, Any]]:
                  else "m <= 8 (model: 8 x 8192 x 8192)")
         rows.append({"figure": f"{device} {dtype} GEMM {label}", "unit": unit,
                      "measured": measured, "predicted": round(predicted, 3), "source": aic})
-    vidur = "Vidur profiling, torch.distributed + CUDA graphs, " + REF + " 1.7(b)"
+    vidur = ("Vidur profiling, torch.distributed + CUDA graphs (microsoft/vidur "
+             "data/profiling/network/{h100_dgx,a100_dgx}/{all_reduce,send_recv}.csv@7d47513)")
     size = 536870912
     for device, ranks, algbw in (("H100-SXM", 2, 290), ("H100-SXM", 4, 226), ("H100-SXM", 8, 217),
                                  ("A100-SXM-80GB", 8, 114)):
