@@ -112,3 +112,51 @@ def test_a_lower_rate_without_its_length_is_refused_with_the_file_and_key(
     with pytest.raises(ConfigError, match=r"bad\.yaml: operators\.\w+\.fits\.gemm: "
                                           r"sustained_rate [0-9.]+ needs sustained_us > 0"):
         load_device(str(bad))
+
+
+def _long_and_short_gemms() -> tuple[object, np.ndarray]:
+    """Synthetic BF16 GEMM timings: most kernels short and scattered by 8 %, about 4 % of
+    them over 1 ms and at 0.6 of the rate there (the term's truth, halfway at 3 ms)."""
+    from simulator.validation.kernel_fit import Samples
+
+    true = BASE.model_copy(update={"sustained_us": 3000.0, "sustained_rate": 0.6})
+    rng = np.random.default_rng(5)
+    m = np.exp(rng.uniform(0, np.log(16384), 1500)).round()
+    n = rng.choice([512.0, 1536.0, 4096.0, 8192.0, 28672.0], 1500)
+    k = rng.choice([512.0, 1024.0, 4096.0, 8192.0], 1500)
+    flops, nbytes = 2 * m * n * k, 2 * (m * k + k * n + m * n)
+    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
+    seconds = true.seconds(peak, bw, flops, nbytes, m, m * k) * np.exp(rng.normal(0, 0.08, 1500))
+    samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, n == 1536.0, "synthetic",
+                      tiles=(np.ones_like(m), m, n, k))
+    return samples, seconds
+
+
+def test_the_time_weighted_median_is_the_value_at_half_the_weight() -> None:
+    from simulator.validation.kernel_fit_predict import time_weighted_median
+
+    values = np.array([5.0, 1.0, 30.0, 2.0])
+    assert time_weighted_median(values, np.ones(4)) == 2.0  # the lower middle, as weights tie
+    assert time_weighted_median(values, np.array([1.0, 1.0, 10.0, 1.0])) == 30.0
+    assert time_weighted_median(values, np.array([0.0, 0.0, 1.0, 0.0])) == 30.0
+
+
+def test_the_long_rate_is_kept_where_only_the_time_weighted_score_sees_it() -> None:
+    """A fit exact on the short kernels but 40 % fast on the long ones has the better plain
+    median; the fit with the long kernels' rate, a little slower on every short kernel, is
+    the better one per unit of time. The long rate is kept (kernel_fit.keeps_long_rate),
+    where the plain median alone would have refused it."""
+    from simulator.validation.kernel_fit import keeps_long_rate
+    from simulator.validation.kernel_fit_predict import training_ape, training_time_score
+
+    samples, seconds = _long_and_short_gemms()
+    assert 0.02 < float(np.mean(seconds > 1e-3)) < 0.08
+    plain = BASE  # the truth without the long kernels' rate
+    longer = BASE.model_copy(update={"sustained_us": 3000.0, "sustained_rate": 0.6,
+                                     "floor_us": 6.0})
+    assert training_ape(samples, H100, longer) > training_ape(samples, H100, plain)
+    assert training_time_score(samples, H100, longer) < training_time_score(samples, H100, plain)
+    assert keeps_long_rate(H100, (samples, plain), (samples, longer))
+    # A rate that makes the long kernels too slow is worse on both scores: refused.
+    too_slow = longer.model_copy(update={"sustained_rate": 0.25})
+    assert not keeps_long_rate(H100, (samples, plain), (samples, too_slow))
