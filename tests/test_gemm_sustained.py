@@ -18,12 +18,30 @@ from hypothesis import strategies as st
 
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import OperatorFit, OperatorFits
+from simulator.validation.kernel_fit_samples import Samples
 
 H100 = load_device("H100-SXM")
 BASE = OperatorFit(compute=0.7, half_flops=1e9, memory=0.8, half_bytes=1e6, floor_us=5.0)
 SLOW = BASE.model_copy(update={"sustained_us": 1000.0, "sustained_rate": 0.75})
 PEAK, BW = 1e15, 3e12
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _synthetic_gemms(true: OperatorFit, *, seed: int, count: int, max_m: int,
+                     held_n: float, scatter: float = 0.0) -> Samples:
+    """BF16 GEMMs of random shapes on H100 timed by ``true`` (times scattered by a lognormal
+    factor of ``scatter``), the shapes of width ``held_n`` held out, with their tiles."""
+    rng = np.random.default_rng(seed)
+    m = np.exp(rng.uniform(0, np.log(max_m), count)).round()
+    n = rng.choice([512.0, 1536.0, 4096.0, 8192.0, 28672.0], count)
+    k = rng.choice([512.0, 1024.0, 4096.0, 8192.0], count)
+    flops, nbytes = 2 * m * n * k, 2 * (m * k + k * n + m * n)
+    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
+    seconds = true.seconds(peak, bw, flops, nbytes, m, m * k)
+    if scatter:
+        seconds = seconds * np.exp(rng.normal(0, scatter, count))
+    return Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, n == held_n, "synthetic",
+                   tiles=(np.ones_like(m), m, n, k))
 
 
 def test_a_long_kernel_runs_at_the_lower_rate_and_a_short_one_at_the_whole_rate() -> None:
@@ -68,18 +86,11 @@ def test_kernel_fit_recovers_a_long_kernels_rate_on_held_out_shapes() -> None:
     """Synthetic GEMM timings whose long kernels run at 0.7 of the rate (halfway at 2 ms of
     compute): the fit offered the term finds it and prices shapes it never saw to within
     1 %; without it the long GEMMs of those shapes are priced too fast."""
-    from simulator.validation.kernel_fit import Samples, evaluate, fit
+    from simulator.validation.kernel_fit import evaluate, fit
 
     true = BASE.model_copy(update={"sustained_us": 2000.0, "sustained_rate": 0.7})
-    rng = np.random.default_rng(3)
-    m = np.exp(rng.uniform(0, np.log(65536), 900)).round()
-    n = rng.choice([512.0, 1536.0, 4096.0, 8192.0, 28672.0], 900)
-    k = rng.choice([512.0, 1024.0, 4096.0, 8192.0], 900)
-    flops, nbytes = 2 * m * n * k, 2 * (m * k + k * n + m * n)
-    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
-    seconds = true.seconds(peak, bw, flops, nbytes, m, m * k)
-    held_out = n == 4096.0
-    samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, held_out, "synthetic")
+    samples = _synthetic_gemms(true, seed=3, count=900, max_m=65536, held_n=4096.0)
+    held_out, seconds = samples.held_out, samples.seconds
     found = fit(samples, H100, sustained=True)
     assert found.sustained_rate == pytest.approx(0.7, abs=0.03)
     assert found.sustained_us == pytest.approx(2000.0, rel=0.15)
@@ -114,22 +125,13 @@ def test_a_lower_rate_without_its_length_is_refused_with_the_file_and_key(
         load_device(str(bad))
 
 
-def _long_and_short_gemms() -> tuple[object, np.ndarray]:
+def _long_and_short_gemms() -> tuple[Samples, np.ndarray]:
     """Synthetic BF16 GEMM timings: most kernels short and scattered by 8 %, about 4 % of
     them over 1 ms and at 0.6 of the rate there (the term's truth, halfway at 3 ms)."""
-    from simulator.validation.kernel_fit import Samples
-
     true = BASE.model_copy(update={"sustained_us": 3000.0, "sustained_rate": 0.6})
-    rng = np.random.default_rng(5)
-    m = np.exp(rng.uniform(0, np.log(16384), 1500)).round()
-    n = rng.choice([512.0, 1536.0, 4096.0, 8192.0, 28672.0], 1500)
-    k = rng.choice([512.0, 1024.0, 4096.0, 8192.0], 1500)
-    flops, nbytes = 2 * m * n * k, 2 * (m * k + k * n + m * n)
-    peak, bw = H100.peak_flops("bf16"), H100.memory_bandwidth
-    seconds = true.seconds(peak, bw, flops, nbytes, m, m * k) * np.exp(rng.normal(0, 0.08, 1500))
-    samples = Samples("gemm", "bf16", flops, nbytes, m, m * k, seconds, n == 1536.0, "synthetic",
-                      tiles=(np.ones_like(m), m, n, k))
-    return samples, seconds
+    samples = _synthetic_gemms(true, seed=5, count=1500, max_m=16384, held_n=1536.0,
+                               scatter=0.08)
+    return samples, samples.seconds
 
 
 def test_the_time_weighted_median_is_the_value_at_half_the_weight() -> None:
