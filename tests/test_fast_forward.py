@@ -23,6 +23,7 @@ from simulator.engine import fast_forward
 from simulator.engine.cluster import Cluster
 from simulator.engine.fast_forward import growth_blocks
 from simulator.engine.instance import Instance
+from simulator.engine.process import ServingProcess
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
 from simulator.engine.router import RouterState
@@ -391,3 +392,122 @@ def test_growth_blocks_equal_the_per_step_count(ctx, slack, bs, steps) -> None:
     with pytest.MonkeyPatch.context() as mp:  # the crossing count, however small the batch
         mp.setattr(fast_forward, "SMALL_GROWTH", 0)
         assert np.array_equal(growth_blocks(c, held, bs, steps), per_step)
+
+
+# ----- jumps that go on across their completions -----------------------------------------
+def _went_on(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record each jump planned without a scheduling pass (one that went on)."""
+    seen: list[Any] = []
+    jump_on = ServingProcess._jump_on
+
+    def spy(self: Any, ended: Any) -> Any:
+        jump = jump_on(self, ended)
+        if jump is not None:
+            seen.append(jump)
+        return jump
+
+    monkeypatch.setattr(ServingProcess, "_jump_on", spy)
+    return seen
+
+
+def _closed_loop(layout: str = "colocated", seed: int = 2, **extra: Any) -> Any:
+    """Closed-loop clients (each next request leaves when the last one completes), long and
+    varied decodes, so jumps run across several completions."""
+    over: dict[str, Any] = {
+        "seed": seed,
+        "workload.arrival": {"kind": "closed_loop", "concurrency": 12, "turnaround_s": 0.05,
+                             "turnaround_cv": 1.0},
+        "workload.input_tokens": {"kind": "uniform", "min_tokens": 50, "max_tokens": 800},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 300},
+        "workload.num_requests": 80,
+    }
+    if layout == "disagg":
+        sched = {"max_num_seqs": 64, "max_num_batched_tokens": 4096}
+        over["cluster.pools"] = [
+            {"name": "p", "role": "prefill", "device": "H100-SXM", "scheduler": sched},
+            {"name": "d", "role": "decode", "device": "H100-SXM", "scheduler": sched}]
+    over.update(extra)
+    return make_scenario(**over)
+
+
+@pytest.mark.parametrize("record", ["all", "stretches"])
+@pytest.mark.parametrize("layout", ["colocated", "disagg"])
+def test_jump_goes_on_across_completions(monkeypatch, layout, record) -> None:
+    """Closed-loop clients send their next request at each completion inside a jump that
+    goes on: the completions, the KV they free and the next requests are those of step by
+    step simulation, under every ``record_steps``."""
+    seen = _went_on(monkeypatch)
+    fast, slow = both(_closed_loop(layout), record)
+    assert fast.summary["completed"] == 80
+    assert len(seen) > 20
+    assert any(j.k < fast_forward.MIN_JUMP for j in seen)  # short stretches between two
+    assert_identical(fast, slow, 0.5)
+    none = run(_closed_loop(layout).with_(**{"simulation.record_steps": "none"}))
+    assert none.summary == fast.summary
+
+
+def test_several_completions_in_one_step_and_a_cut_at_a_completion(monkeypatch) -> None:
+    """All clients at once, equal lengths: several sequences complete in the same step of a
+    jump that goes on, and arrivals cut jumps that went on."""
+    seen = _went_on(monkeypatch)
+    sc = make_scenario(**{
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 40.0},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 20, "max_tokens": 24},
+        "workload.num_requests": 120,
+    })
+    fast, slow = both(sc, "all")
+    assert any(j.cut_at is not None for j in seen)
+    ended = slow.requests.groupby("completion_s").size()
+    assert (ended > 1).any()
+    assert_identical(fast, slow, 0.5)
+
+
+def test_cancelled_in_a_jump_that_went_on(monkeypatch) -> None:
+    """Client timeouts land in jumps that went on across a completion: the cancelled
+    request's tokens and KV are those of step by step."""
+    seen = _went_on(monkeypatch)
+    cancelled: list[bool] = []
+    book = fast_forward.Jump.book_cancelled
+
+    def spy(self: Any, req: Any, now: float) -> None:
+        cancelled.append(self.scheduled)
+        book(self, req, now)
+
+    monkeypatch.setattr(fast_forward.Jump, "book_cancelled", spy)
+    from tests.test_cancellation import scenario, tenants  # (it imports this module)
+
+    sc = scenario(tenants(1.5, rate=8.0), "pd_bulk", seed=3)
+    fast, slow = both(sc, "all")
+    assert seen
+    assert False in cancelled  # a cancellation in a jump planned without a pass
+    assert (fast.requests["status"] == "cancelled").any()
+    assert_identical(fast, slow, 0.5)
+
+
+def test_a_jump_that_goes_on_late_or_without_the_freed_kv_fails(monkeypatch) -> None:
+    """The comparison catches a jump that goes on a little late (its completions booked at
+    the wrong time: the closed-loop clients send their next requests late), and one whose
+    steps leave out the KV its completions freed."""
+    jump_on = ServingProcess._jump_on
+
+    def late(self: Any, ended: Any) -> Any:
+        jump = jump_on(self, ended)
+        if jump is not None:
+            jump.ends = [e + 1e-6 for e in jump.ends]
+        return jump
+
+    monkeypatch.setattr(ServingProcess, "_jump_on", late)
+    fast, slow = both(_closed_loop(), "all")
+    with pytest.raises(AssertionError, match=r"arrival_s|completion_s"):
+        assert_same_requests(fast.requests, slow.requests)
+
+    def unfreed(self: Any, ended: Any) -> Any:
+        jump = jump_on(self, ended)
+        if jump is not None:
+            jump.used = [u + 1 for u in jump.used]
+        return jump
+
+    monkeypatch.setattr(ServingProcess, "_jump_on", unfreed)
+    fast, slow = both(_closed_loop(), "all")
+    with pytest.raises(AssertionError, match="kv_used"):
+        assert_same_steps(fast.steps, slow.steps)

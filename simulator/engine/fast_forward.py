@@ -22,6 +22,29 @@ simulation, so one rule holds, enforced by the instance's gate (:func:`observes`
   batch and its KV growth: something waits (an admission reads the KV left), or the
   instance swaps to a host tier (a swap-in does).
 
+A jump also **goes on across its end** when step by step the next step would be scheduled
+as the survivors of its batch (the batch minus the sequences it completed), nothing
+admitted, nothing preempted: the instance wakes at the step that ends it (its last
+sequences complete then, at their time, freeing their KV, as after any step), and plans
+the next jump over the requests still running without a scheduling pass
+(:meth:`~simulator.engine.process.ServingProcess._jump_on`) exactly when
+
+* the jump ended uncut (no outside write cut it), and no write made while its completions
+  were booked touched the queue, the aborts or a host swap: nothing waits, nothing is
+  aborted, the instance swaps to no host tier (every policy then decodes every running
+  request, as the step before, since a subset of a batch that fit fits), and it runs at
+  full speed;
+* the first step's KV growth and the following ones fit what allocations can get (the
+  plan's own fit test; a step that does not fit would preempt), and the plan books that
+  first step's blocks as the scheduling pass would, each request's growth;
+* its steps are priced by the same call a fresh jump would make (``StepPrices.series``
+  over the survivors), so each step's price and end are those of step-by-step simulation;
+  shorter than :data:`MIN_JUMP` only where a step run alone is priced from that same
+  series (``StepPrices.tabled``).
+
+The policy's state moves as the skipped pass would move it (``Scheduler.advance``).
+Anything else falls back to the scheduling pass.
+
 Step rows are those step-by-step simulation records: each step's KV after its own
 allocation and the KV absorbed writes took before it ended, and the queue and batch sizes
 of the jump's start for every step that ended before the first outside write that cut it
@@ -141,13 +164,15 @@ class Jump:
     """
 
     __slots__ = ("booked", "cancelled", "ctx", "ctx_sum", "cut_at", "decodes", "ends", "extra",
-                 "held", "k", "last_sync", "pinned", "queue_len", "running", "series", "start",
-                 "used")
+                 "held", "k", "last_sync", "pinned", "queue_len", "running", "scheduled",
+                 "series", "start", "used")
 
     def __init__(self, decodes: list[Request], start: float, series: DecodeSeries,
                  ctx: list[int], ctx_sum: int, held: list[int], pinned: list[int],
-                 extra: list[int], kv_used: int, queue_len: int, running: int) -> None:
+                 extra: list[int], kv_used: int, queue_len: int, running: int,
+                 scheduled: bool = True) -> None:
         self.decodes = decodes
+        self.scheduled = scheduled  # its first step came from a scheduling pass
         self.start = start
         self.series = series
         self.k = len(series.seconds)
@@ -358,14 +383,17 @@ def _growth_blocks_np(ctx: np.ndarray, held: np.ndarray, bs: int, steps: int) ->
 
 def plan_jump(decodes: list[Request], kv: BlockManager, prices: StepPrices,
               pinned_blocks: Callable[[Request], int] | None, start: float, queue_len: int,
-              running: int) -> Jump | None:
+              running: int, scheduled: bool = True) -> Jump | None:
     """The steps this decode-only batch can run unchanged, or None if too few.
 
     ``pinned_blocks`` gives the leading blocks of a request the prefix cache owns (None:
-    no prefix cache, nothing pinned).
+    no prefix cache, nothing pinned). ``scheduled``: a scheduling pass chose the first
+    step and booked its KV; otherwise (a jump going on, see the module docstring) the plan
+    books it, each request's growth as the pass would, when the jump is taken.
     """
     remaining = min([r.output_tokens - r.generated for r in decodes])
-    if remaining < MIN_JUMP:
+    least = MIN_JUMP if scheduled or not prices.tabled else 1
+    if remaining < least:
         return None
     n = len(decodes)
     ctx = [r.prompt_tokens + r.generated for r in decodes]
@@ -375,12 +403,19 @@ def plan_jump(decodes: list[Request], kv: BlockManager, prices: StepPrices,
     else:
         pinned = [pinned_blocks(r) for r in decodes]
         held = [r.blocks + p for r, p in zip(decodes, pinned, strict=True)]
-    extra = growth_blocks(ctx, held, kv.block_size, remaining)
+    bs = kv.block_size
+    extra = growth_blocks(ctx, held, bs, remaining)
     # ``extra`` never decreases: the steps that fit are those up to the first that does not.
     k = remaining if extra[-1] <= kv.available else bisect_right(extra, kv.available)
-    if k < MIN_JUMP:
+    if k < least:
         return None
+    if extra[0]:  # the first step's growth, unbooked without a pass: book it as one would
+        for r, c, h in zip(decodes, ctx, held, strict=True):
+            need = -(-c // bs) - h
+            if need > 0:
+                r.blocks += need
+        kv.allocate(extra[0])
     ctx_sum = sum(ctx)
     series = prices.series(n, ctx_sum, k, max(ctx))
     return Jump(decodes, start, series, ctx, ctx_sum, held, pinned,
-                extra if k == remaining else extra[:k], kv.used, queue_len, running)
+                extra if k == remaining else extra[:k], kv.used, queue_len, running, scheduled)

@@ -155,7 +155,9 @@ class ServingProcess:
                                  kv.pinned_blocks if kv.cache is not None else None, env.now,
                                  len(self._waiting), len(self._running))
                 if jump is not None:
-                    yield from self._jump_over(jump)
+                    while jump is not None:  # a jump may go on across its completions
+                        yield from self._jump_over(jump)
+                        jump = self._jump_on(jump)
                     continue
             if batch.chunks:
                 shape = BatchShape.build(
@@ -227,13 +229,29 @@ class ServingProcess:
         self._jump = None
         self._apply_jump(jump, done)
 
+    def _jump_on(self, ended: Jump) -> Jump | None:
+        """The jump that goes on after ``ended`` over the requests still running, without a
+        scheduling pass, or None: the loop schedules as usual. The rule, and why the pass
+        would schedule those steps the same, is :mod:`simulator.engine.fast_forward`'s."""
+        if (ended.cut_at is not None or self._waiting or self._aborts or not self._running
+                or self._swap is not None or self._life.speed != 1.0):
+            return None
+        kv = self._kv
+        jump = plan_jump(list(self._running), kv.blocks, self._prices,
+                         kv.pinned_blocks if kv.cache is not None else None, self.env.now,
+                         0, len(self._running), scheduled=False)
+        if jump is not None:
+            self._load_changed()  # its first step's KV is booked, as a pass would
+        return jump
+
     def _apply_jump(self, jump: Jump, done: int) -> None:
         """Record the first ``done`` steps of ``jump`` and advance its sequences."""
         finished = jump.apply(done, self._kv.blocks, self.recorder, self.index,
                               len(self._waiting), len(self._running))
-        self.scheduler.advance(done - 1)  # the first step was scheduled as usual
+        unscheduled = done - 1 if jump.scheduled else done
+        self.scheduler.advance(unscheduled)  # steps no scheduling pass chose
         self._load_changed()  # settling may give back KV a reader booked
-        if done > 1:
+        if unscheduled:
             self._preempted_last = False  # the jumped steps preempted nothing
         for r in finished:
             r.generated = r.output_tokens

@@ -57,7 +57,8 @@ class VllmV1:
         return not (self._preempted and view.waiting)
 
     def advance(self, steps: int) -> None:
-        return None
+        if steps:  # steps that preempted nothing
+            self._preempted = False
 
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim, kv = view.limits, view.kv
