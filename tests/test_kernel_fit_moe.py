@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,8 +15,43 @@ import pytest
 from simulator.cost.roofline import quantisation, scalar_quantisation
 from simulator.hardware import load_device
 from simulator.hardware.operator_fits import OperatorFit
+from simulator.hardware.profiles import DeviceProfile
 from simulator.models import get_model
 from simulator.validation.kernel_fit_samples import gated_moe, moe_samples
+
+
+def _shipped_moe_table(device: str, engine: str, version: str,
+                       *choices: object) -> tuple[DeviceProfile, Path]:
+    """A shipped device profile and the folder of its ``engine`` MoE table at ``version``
+    (``choices``: kernel_fit._moe_version's kernel families, tuned layouts, FP8 dtypes);
+    needs the kernels extra, as every ``-m kernels`` test."""
+    from simulator.runner.kernel_tables import tables_root
+    from simulator.validation.kernel_fit import _moe_version
+
+    dev = load_device(device)
+    root = tables_root()
+    assert root is not None
+    assert dev.kernel_tables is not None
+    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / engine, version, *choices)
+    assert folder is not None
+    return dev, folder
+
+
+def _shipped_sglang_moe_table(device: str) -> tuple[DeviceProfile, Path, tuple[Any, Any, Any]]:
+    """:func:`_shipped_moe_table` for SGLang 0.5.14 with its kernel families, the device's
+    tuned layouts and its FP8 dtypes, returned with them."""
+    from simulator.validation.kernel_fit import (
+        MOE_FP8_DTYPES,
+        MOE_KERNEL_FAMILIES,
+        TUNED_MOE_CONFIGS,
+    )
+
+    tables = load_device(device).kernel_tables
+    assert tables is not None
+    choices = (MOE_KERNEL_FAMILIES["sglang"], TUNED_MOE_CONFIGS["sglang"].get(tables, frozenset()),
+               MOE_FP8_DTYPES["sglang"])
+    dev, folder = _shipped_moe_table(device, "sglang", "0.5.14", *choices)
+    return dev, folder, choices
 
 H100 = load_device("H100-SXM")
 
@@ -141,15 +178,9 @@ def test_the_shipped_vllm_fp8_moe_fits_price_held_out_layouts(device: str, media
     """vLLM 0.24.0's FP8 MoE on Hopper (FlashInfer's CUTLASS fused MoE) on the layouts held
     out of the fit: the constants from before the grouped kernel was modelled were 15.7 % /
     15.5 % median and 51.1 % / 53.7 % p90 off."""
-    from simulator.runner.kernel_tables import tables_root
-    from simulator.validation.kernel_fit import _moe_version, evaluate
+    from simulator.validation.kernel_fit import evaluate
 
-    dev = load_device(device)
-    root = tables_root()
-    assert root is not None
-    assert dev.kernel_tables is not None
-    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "vllm", "0.24.0")
-    assert folder is not None
+    dev, folder = _shipped_moe_table(device, "vllm", "0.24.0")
     # Scored on the load the fit chose, the collector's timed rank (kernel_fit.MOE_ROUTINGS).
     (fp8,) = [s for s in moe_samples(folder, "rank0") if s.op == "moe_fp8"]
     scored = evaluate(fp8, dev, dev.operators["vllm"].fits["moe_fp8"])
@@ -674,22 +705,28 @@ def _synthetic_moe_table(truth: OperatorFit, folder: Path) -> None:
     work, plus the other ranks' slots written (``remote_slots``) and the routing kernels'
     elements per slot (``slot_kernels``) where ``truth`` takes them)."""
     rows = []
+    for h, inter, topk, experts, tokens, ep, slots, touched in _synthetic_layouts():
+        nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
+        per_row = (tokens * h + truth.remote_rows(tokens * topk - slots, 2 * inter, h)
+                   + truth.slot_rows(slots, 2 * inter, h))
+        ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
+                                 2 * slots * 3 * h * inter, nbytes, slots, per_row)) * 1e3
+        rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1, ep,
+                     "balanced", ms))
+    _table(rows).to_parquet(folder / "moe_perf.parquet")
+
+
+def _synthetic_layouts() -> Iterator[tuple[int, int, int, int, int, int, float, float]]:
+    """The synthetic MoE tables' points: six expert layouts (hidden, intermediate, top-k,
+    experts) at 1 to 16,384 tokens and EP 1, 8 and 64, each with the timed rank's token
+    slots and its expected experts touched under balanced routing."""
     for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
                                     (7168, 2048, 8, 256), (3072, 1024, 8, 256),
                                     (2048, 512, 8, 256), (6144, 2560, 8, 160)):
         for tokens in (1, 16, 256, 2048, 16384):
             for ep in (1, 8, 64):
-                slots = tokens * topk / ep
                 touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
-                nbytes = touched * 3 * h * inter * 2 + slots * (2 * h + 2 * inter) * 2
-                per_row = (tokens * h + truth.remote_rows(tokens * topk - slots, 2 * inter, h)
-                           + truth.slot_rows(slots, 2 * inter, h))
-                ms = float(truth.seconds(H100.peak_flops("bf16"), H100.memory_bandwidth,
-                                         2 * slots * 3 * h * inter, nbytes, slots,
-                                         per_row)) * 1e3
-                rows.append(("synthetic", "bfloat16", tokens, h, inter, topk, experts, 1,
-                             ep, "balanced", ms))
-    _table(rows).to_parquet(folder / "moe_perf.parquet")
+                yield h, inter, topk, experts, tokens, ep, tokens * topk / ep, touched
 
 
 def test_kernel_fit_finds_the_writes_of_the_other_ranks_slots(tmp_path: Path) -> None:
@@ -734,16 +771,10 @@ def test_the_shipped_sglang_flashinfer_trtllm_moe_fits_price_held_out_layouts(
     """SGLang 0.5.14's BF16 Qwen3 / Qwen3.5 MoE layouts on Blackwell (FlashInfer's
     TensorRT-LLM MoE), on the shapes held out of the fit: one curve over both kernels missed
     them by a median 28.7 % (B200) and 31.0 % (GB200)."""
-    from simulator.runner.kernel_tables import tables_root
-    from simulator.validation.kernel_fit import MOE_KERNEL_FAMILIES, _moe_version, evaluate
+    from simulator.validation.kernel_fit import MOE_KERNEL_FAMILIES, evaluate
 
-    dev = load_device(device)
-    root = tables_root()
-    assert root is not None
-    assert dev.kernel_tables is not None
     kernels = MOE_KERNEL_FAMILIES["sglang"]
-    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "sglang", "0.5.14", kernels)
-    assert folder is not None
+    dev, folder = _shipped_moe_table(device, "sglang", "0.5.14", kernels)
     (fam,) = [s for s in moe_samples(folder, "rank0", kernels)
               if s.op == "moe_flashinfer_trtllm"]
     scored = evaluate(fam, dev, dev.operators["sglang"].fits["moe_flashinfer_trtllm"])
@@ -776,25 +807,9 @@ def test_the_shipped_sglang_triton_config_moe_fits_price_held_out_layouts(
     (``moe_fp8``), which the device-wide roofline priced 57-73 % off; on A100 the default's
     larger batches too (``moe``), 16.4 % held out before the fit could take the clamped
     load."""
-    from simulator.runner.kernel_tables import tables_root
-    from simulator.validation.kernel_fit import (
-        MOE_FP8_DTYPES,
-        MOE_KERNEL_FAMILIES,
-        TUNED_MOE_CONFIGS,
-        _moe_version,
-        evaluate,
-    )
+    from simulator.validation.kernel_fit import evaluate
 
-    dev = load_device(device)
-    root = tables_root()
-    assert root is not None
-    assert dev.kernel_tables is not None
-    kernels = MOE_KERNEL_FAMILIES["sglang"]
-    tuned = TUNED_MOE_CONFIGS["sglang"].get(dev.kernel_tables, frozenset())
-    fp8 = MOE_FP8_DTYPES["sglang"]
-    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "sglang", "0.5.14", kernels,
-                             tuned, fp8)
-    assert folder is not None
+    dev, folder, (kernels, tuned, fp8) = _shipped_sglang_moe_table(device)
     # Every one of these fits chose the load the collector's balanced routing puts on the
     # timed rank, some with the other ranks' slots computed there (_CLAMPED).
     routing = "rank0_clamped" if (family, device) in _CLAMPED else "rank0"
@@ -979,20 +994,13 @@ def test_kernel_fit_finds_the_expanded_activation_kernel(tmp_path: Path) -> None
     found = {}
     for ns in (3.0, 0.0):
         rows = []
-        for h, inter, topk, experts in ((2048, 768, 8, 128), (4096, 1536, 8, 128),
-                                        (7168, 2048, 8, 256), (3072, 1024, 8, 256),
-                                        (2048, 512, 8, 256), (6144, 2560, 8, 160)):
-            for tokens in (1, 16, 256, 2048, 16384):
-                for ep in (1, 8, 64):
-                    slots = tokens * topk / ep
-                    touched = experts / ep * (1 - (1 - topk / experts) ** tokens)
-                    nbytes = touched * 3 * h * inter * 1 + slots * (2 * h + 2 * inter) * 2
-                    s = (float(made.seconds(H100.peak_flops("fp8"), H100.memory_bandwidth,
-                                            2 * slots * 3 * h * inter, nbytes, slots,
-                                            tokens * h))
-                         + expanded_activation_blocks(tokens, topk, inter, sms) * ns * 1e-9)
-                    rows.append(("synthetic", "fp8", tokens, h, inter, topk, experts, 1, ep,
-                                 "balanced", s * 1e3))
+        for h, inter, topk, experts, tokens, ep, slots, touched in _synthetic_layouts():
+            nbytes = touched * 3 * h * inter * 1 + slots * (2 * h + 2 * inter) * 2
+            s = (float(made.seconds(H100.peak_flops("fp8"), H100.memory_bandwidth,
+                                    2 * slots * 3 * h * inter, nbytes, slots, tokens * h))
+                 + expanded_activation_blocks(tokens, topk, inter, sms) * ns * 1e-9)
+            rows.append(("synthetic", "fp8", tokens, h, inter, topk, experts, 1, ep,
+                         "balanced", s * 1e3))
         _table(rows).to_parquet(tmp_path / "moe_perf.parquet")
         (samples,) = moe_samples(tmp_path)
         assert samples.op == "moe_fp8"
@@ -1212,27 +1220,10 @@ def test_the_shipped_sglang_default_block_moe_fits_price_held_out_layouts(device
     (B200 / GB200 / L40S) before the fit took the blocks' own streaming rate
     (``OperatorFit.expert_block_gbs``) and, on the L40S, the warm L2 of the collector's
     replays."""
-    from simulator.runner.kernel_tables import tables_root
-    from simulator.validation.kernel_fit import (
-        MOE_FP8_DTYPES,
-        MOE_KERNEL_FAMILIES,
-        TUNED_MOE_CONFIGS,
-        _moe_version,
-        evaluate,
-    )
+    from simulator.validation.kernel_fit import evaluate
     from simulator.validation.kernel_fit_samples import mixed_routing
 
-    dev = load_device(device)
-    root = tables_root()
-    if root is None:
-        pytest.skip("needs the kernels extra (aiconfigurator-core)")
-    assert dev.kernel_tables is not None
-    kernels = MOE_KERNEL_FAMILIES["sglang"]
-    tuned = TUNED_MOE_CONFIGS["sglang"].get(dev.kernel_tables, frozenset())
-    fp8 = MOE_FP8_DTYPES["sglang"]
-    folder, _ = _moe_version(root / dev.kernel_tables / "moe" / "sglang", "0.5.14", kernels,
-                             tuned, fp8)
-    assert folder is not None
+    dev, folder, (kernels, tuned, fp8) = _shipped_sglang_moe_table(device)
     loads = {r: next(s for s in moe_samples(folder, r, kernels, tuned, fp8) if s.op == "moe")
              for r in ("rank0", "rank0_clamped")}
     samples = mixed_routing(loads, dict.fromkeys(_TRITON_CLAMPED_LAYOUTS[device],

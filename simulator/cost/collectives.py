@@ -1,7 +1,8 @@
 """Collectives and point-to-point transfers on a link.
 
 A link with an ``nccl`` block prices all-reduce, all-gather, reduce-scatter and all-to-all as
-NCCL runs them: the cheapest of its algorithms and protocols (:mod:`simulator.cost.nccl`).
+NCCL runs them: the algorithm and protocol NCCL's tuner predicts cheapest, priced on the
+link's fitted numbers (:mod:`simulator.cost.nccl`).
 Other links use one alpha-beta model: ring all-reduce over ``n`` ranks moves
 ``2(n-1)/n * B`` bytes through each rank's link in ``2(n-1)`` steps; each step pays the
 link's hop latency, each call a base latency. A one-rank group costs nothing.
