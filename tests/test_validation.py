@@ -163,8 +163,9 @@ def test_engine_leaves_other_rows_and_devices_on_their_models(tmp_path: Path) ->
     ]
     df = read_ops(write_csv(tmp_path, rows))
     with_engine, plain = predict(df, engine="trtllm"), predict(df)
-    assert with_engine["priced_by"].tolist() == ["roofline", "roofline", "link"]
-    assert with_engine["predicted_latency_us"].tolist() == plain["predicted_latency_us"].tolist()
+    assert with_engine["priced_by"].tolist() == ["roofline", "trtllm fit", "link"]
+    assert with_engine["predicted_latency_us"].tolist()[::2] == (
+        plain["predicted_latency_us"].tolist()[::2])
 
 
 def test_validate_engine_unknown_is_a_clear_error(tmp_path: Path,
@@ -179,7 +180,71 @@ def test_validate_engine_unknown_is_a_clear_error(tmp_path: Path,
     assert "Traceback" not in err
     res = runner.invoke(app, ["validate", str(path), "--engine", "VLLM", "--worst", "0"])
     assert res.exit_code == 0, res.output
-    assert "1 GEMM row on vllm's fitted curves" in " ".join(res.output.split())
+    assert "1 row on vllm's fitted curves" in " ".join(res.output.split())
+
+
+# ----- attention on an engine's fitted curves (validate --engine) ------------------------
+PREFILL = {"op": "attention_prefill", "device": "H100-SXM", "dtype": "bf16", "batch": 2,
+           "seq_len": 1024, "kv_len": 512, "num_heads": 8, "num_kv_heads": 1, "head_dim": 128,
+           "measured_latency_us": 100.0, "source": "test"}
+DECODE = {"op": "attention_decode", "device": "H100-SXM", "dtype": "bf16", "batch": 16,
+          "kv_len": 2048, "num_heads": 8, "num_kv_heads": 1, "head_dim": 128,
+          "measured_latency_us": 40.0, "source": "test"}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])
+def test_engine_attention_is_the_step_models_attention(tmp_path: Path, engine: str) -> None:
+    """``validate --engine`` prices an attention row as the step model prices that engine's
+    attention: one layer of Llama-3.1-70B at TP 8 (8 query heads, 1 KV head per device)
+    running the row's batch, read off the step's per-operator breakdown."""
+    from simulator.cost import BatchShape, InstanceCostModel, LinkSet, Parallelism
+    from simulator.models.catalog import get_model
+
+    model = get_model("Llama-3.1-70B")
+    cost = InstanceCostModel(model, H100, Parallelism(tp=8), links=LinkSet(tp=NVL),
+                             engine=engine, fitted=True)
+    pred = predict(read_ops(write_csv(tmp_path, [PREFILL, DECODE])), engine=engine)
+    assert pred["priced_by"].tolist() == [f"{engine} fit"] * 2
+    batches = {"attention_prefill": BatchShape.build([(1024, 512, True)] * 2),
+               "attention_decode": BatchShape.decode(16, 16 * 2048, 2048)}
+    for row in pred.to_dict("records"):
+        label = str(row["op"])
+        step = cost.breakdown(batches[label])[label] / model.num_layers
+        assert row["predicted_latency_us"] == pytest.approx(step * 1e6, rel=1e-9), label
+    roof = predict(read_ops(write_csv(tmp_path, [PREFILL, DECODE])))
+    assert roof["priced_by"].tolist() == ["roofline"] * 2
+    assert (roof["predicted_latency_us"] != pred["predicted_latency_us"]).all()
+
+
+@pytest.mark.parametrize(("change", "key", "text"), [
+    ({"batch": 1.5}, "row 2 (line 3).batch", "whole number"),
+    ({"seq_len": 0}, "row 2 (line 3).seq_len", "needs seq_len > 0"),
+    ({"kv_len": 16.5}, "row 2 (line 3).kv_len", "whole number"),
+    ({"kv_len": -1}, "row 2 (line 3).kv_len", "must be >= 0"),
+    ({"num_kv_heads": 3}, "row 2 (line 3).num_kv_heads", "multiple of num_kv_heads"),
+    ({"head_dim": "wide"}, "row 2 (line 3).head_dim", "not a number"),
+])
+def test_bad_attention_rows_name_row_and_column(tmp_path: Path, change: dict[str, object],
+                                                key: str, text: str) -> None:
+    path = write_csv(tmp_path, [PREFILL, {**PREFILL, **change}])
+    with pytest.raises(ConfigError) as info:
+        read_ops(path)
+    assert info.value.key == key
+    assert text in info.value.message
+    assert info.value.file == str(path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(path), "--engine", "vllm"])
+    assert exit_info.value.code == 2
+
+
+def test_shipped_attention_rows_are_read_and_priced_by_each_engine() -> None:
+    df = read_ops(VALID / "ops_attention_a100.csv")
+    assert sorted(df["op"].unique()) == ["attention_decode", "attention_prefill"]
+    assert (df["device"] == "A100-SXM-80GB").all()
+    assert df["source"].str.startswith("microsoft/vidur:data/profiling/a100/attention.csv@").all()
+    for engine in ("vllm", "trtllm", "sglang"):
+        pred = predict(df, engine=engine)
+        assert (pred["priced_by"] == f"{engine} fit").all(), engine
 
 
 # ----- predictions use the cost functions ------------------------------------------------

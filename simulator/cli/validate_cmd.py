@@ -60,7 +60,8 @@ def validate(
                                                   "(CSV).")] = None,
     worst: Annotated[int, typer.Option(min=0, help="How many worst rows to list.")] = 10,
     engine: Annotated[str | None, typer.Option(help=(
-        "Price GEMM rows on this serving engine's fitted kernel curves for the row's device "
+        "Price GEMM and attention rows on this serving engine's fitted kernel curves for the "
+        "row's device "
         "(as the step model prices that engine), where the device profile has them; other "
         "rows, and devices without them, keep the device-wide roofline."))] = None,
 ) -> None:
@@ -82,7 +83,7 @@ def validate(
     label = f" with {calibration.name}" if calibration else " (shipped profiles)"
     if engine is not None:
         fitted = int((pred["priced_by"] == f"{engine} fit").sum())
-        label += f", {fitted} GEMM row{'s' if fitted != 1 else ''} on {engine}'s fitted curves"
+        label += f", {fitted} row{'s' if fitted != 1 else ''} on {engine}'s fitted curves"
     console.print(_error_table(error_table(pred), f"{ops.name}: absolute percentage error{label}"))
     if worst:
         console.print(_worst_table(pred, worst))

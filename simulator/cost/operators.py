@@ -363,6 +363,15 @@ class OperatorPricing:
                   > max(fit.parts(self._peak16, self._bw, *batch)))
         return alone if slower else batch
 
+    def attention_seconds(self, b: BatchShape) -> tuple[float, float, float]:
+        """(compute, memory, launch) seconds of one layer's attention of ``b`` on one device,
+        priced as a step prices it (:meth:`_attention`); the side that does not bound the
+        operator is 0. ``disagg-sim validate --engine`` prices attention rows through it
+        (:func:`simulator.cost.step.fitted_attention_time`)."""
+        acc = _Acc()
+        self._attention(acc, b, 1.0)
+        return acc.compute, acc.memory, acc.launch
+
     def _decode_attention_work(self, seqs: int, ctx: np.ndarray | float) -> tuple[Any, Any]:
         """FLOPs and bytes of one layer's decode attention on one device (the KV bytes of
         the engine's kernel for this head layout: ``OperatorFit.decode_group``)."""

@@ -43,7 +43,7 @@ from simulator.models.arch import ModelConfig
 from simulator.units import bytes_per_element, compute_precision
 
 __all__ = ["DECODE_SPLIT_TOKENS", "DecodeSeries", "InstanceCostModel", "StepCost", "_Acc",
-           "decode_units"]
+           "decode_units", "fitted_attention_time"]
 
 
 @dataclass
@@ -432,3 +432,26 @@ class InstanceCostModel(OperatorPricing):
             total.comm,
             total.launch + seconds - sum(stages),
         )
+
+
+def fitted_attention_time(device: DeviceProfile, engine: str, dtype: str, batch: BatchShape, *,
+                          num_heads: int, num_kv_heads: int,
+                          head_dim: int) -> tuple[float, float] | None:
+    """(compute, memory) seconds of one layer's GQA attention of ``batch`` on one device, as
+    the step model prices ``engine``'s attention on its fitted curves for ``device``
+    (:meth:`OperatorPricing.attention_seconds` of an instance of one layer with these heads
+    per device, the K/V cache at ``dtype``); None where the device carries no fit for the
+    kernel the batch runs (prefill if it has prefill chunks, else decode)."""
+    if not device.operators or engine not in device.operators:
+        return None
+    model = ModelConfig(name="attention", num_layers=1, hidden_size=num_heads * head_dim,
+                        num_attention_heads=num_heads, num_kv_heads=num_kv_heads,
+                        head_dim=head_dim, intermediate_size=1, vocab_size=1,
+                        max_context_tokens=1 << 30)
+    instance = InstanceCostModel(model, device, precisions=Precisions(dtype, dtype, dtype),
+                                 engine=engine, fitted=True)
+    label = "attention_prefill" if batch.prefill_tokens else "attention_decode"
+    if label not in instance._fits:
+        return None
+    compute, memory, _ = instance.attention_seconds(batch)
+    return compute, memory

@@ -3,8 +3,9 @@
 One row is one operator measured on one device (format in docs/VALIDATION.md):
 ``op, device, dtype``, the shape columns the op needs, ``measured_latency_us`` and a
 ``source``. Compute operators are priced with :func:`simulator.cost.op_time` (one kernel
-each) or, with an engine named, GEMMs on that engine's fitted curve for the device (the
-step model's rule, :func:`simulator.cost.operators.fitted_gemm_time`); collectives and
+each) or, with an engine named, GEMMs and attention on that engine's fitted curves for the
+device (the step model's rules, :func:`simulator.cost.operators.fitted_gemm_time` and
+:func:`simulator.cost.step.fitted_attention_time`); collectives and
 point-to-point transfers with the alpha-beta functions in :mod:`simulator.cost.collectives`
 on the link the device profile names.
 """
@@ -21,14 +22,17 @@ import numpy as np
 import pandas as pd
 
 from simulator.cost import allgather_time, allreduce_time, alltoall_time, op_time, p2p_time
+from simulator.cost.batch import BatchShape
 from simulator.cost.operators import fitted_gemm_time
+from simulator.cost.step import fitted_attention_time
 from simulator.errors import ConfigError
 from simulator.hardware.profiles import DeviceProfile, LinkProfile
 from simulator.hardware.registry import device_names, load_device, load_link
 from simulator.units import BYTES_PER_ELEMENT, bytes_per_element
 from simulator.validation import aliases
 
-COMPUTE_OPS = ("gemm", "attention_prefill", "attention_decode")
+ATTENTION_OPS = ("attention_prefill", "attention_decode")
+COMPUTE_OPS = ("gemm", *ATTENTION_OPS)
 COLLECTIVE_OPS = ("allreduce", "allgather", "reducescatter", "alltoall")
 COMM_OPS = (*COLLECTIVE_OPS, "p2p")
 OPS = (*COMPUTE_OPS, *COMM_OPS)
@@ -211,6 +215,16 @@ def _check_row(row: dict[Any, Any], i: int, file: str) -> None:
     kv_len = row["kv_len"]
     if op == "attention_prefill" and not _missing(kv_len) and float(kv_len) < 0:
         raise ConfigError("kv_len (cached context) must be >= 0", file=file, key=_key(i, "kv_len"))
+    if op in ATTENTION_OPS:
+        for col in (*needed, "kv_len"):
+            value = row[col]
+            if not _missing(value) and not float(value).is_integer():
+                raise ConfigError(f"op {op} needs {col} a whole number, got {value!r}",
+                                  file=file, key=_key(i, col))
+        if float(row["num_heads"]) % float(row["num_kv_heads"]):
+            raise ConfigError(f"num_heads ({row['num_heads']:g}) must be a multiple of "
+                              f"num_kv_heads ({row['num_kv_heads']:g})", file=file,
+                              key=_key(i, "num_kv_heads"))
     if op in COMPUTE_OPS:
         dtype = row["dtype"]
         if not isinstance(dtype, str) or dtype.strip() not in BYTES_PER_ELEMENT:
@@ -236,16 +250,17 @@ def _check_row(row: dict[Any, Any], i: int, file: str) -> None:
 def predict_row(row: Mapping[Any, Any], hw: HardwareSet | None = None,
                 engine: str | None = None) -> tuple[float, str, str]:
     """Predicted seconds of one row, what bounds it (compute, memory or the link) and what
-    priced it: ``engine``'s fitted GEMM curve on the row's device where it has one
-    (``<engine> fit``, as the step model prices that engine's GEMMs), else the device-wide
-    roofline, or the link's collective model."""
+    priced it: ``engine``'s fitted GEMM or attention curve on the row's device where it has
+    one (``<engine> fit``, as the step model prices that engine's GEMMs and attention), else
+    the device-wide roofline, or the link's collective model."""
     hw = hw or HardwareSet()
     op, device_name = str(row["op"]), str(row["device"])
     g = _getter(row)
     if op in COMPUTE_OPS:
         device = hw.device(device_name)
-        if op == "gemm" and engine is not None:
-            fitted = fitted_gemm_time(device, engine, str(row["dtype"]), g("m"), g("n"), g("k"))
+        if engine is not None:
+            fitted = (fitted_gemm_time(device, engine, str(row["dtype"]), g("m"), g("n"), g("k"))
+                      if op == "gemm" else _fitted_attention(row, device, engine))
             if fitted is not None:
                 compute, memory = fitted
                 return (max(compute, memory), "compute" if compute >= memory else "memory",
@@ -267,6 +282,25 @@ def predict_row(row: Mapping[Any, Any], hw: HardwareSet | None = None,
     return p2p_time(nbytes, link), link.name, "link"
 
 
+def attention_batch(row: Mapping[Any, Any]) -> BatchShape:
+    """The step an attention row runs: ``batch`` prefill chunks of ``seq_len`` new tokens on
+    ``kv_len`` cached ones each, or ``batch`` decode sequences of ``kv_len`` context each."""
+    g = _getter(row)
+    batch, kv_len = int(g("batch")), int(g("kv_len"))
+    if str(row["op"]) == "attention_prefill":
+        return BatchShape.build([(int(g("seq_len")), kv_len, True)] * batch)
+    return BatchShape.decode(batch, batch * kv_len, kv_len)
+
+
+def _fitted_attention(row: Mapping[Any, Any], device: DeviceProfile,
+                      engine: str) -> tuple[float, float] | None:
+    g = _getter(row)
+    return fitted_attention_time(device, engine, str(row["dtype"]), attention_batch(row),
+                                 num_heads=int(g("num_heads")),
+                                 num_kv_heads=int(g("num_kv_heads")),
+                                 head_dim=int(g("head_dim")))
+
+
 def fitted_engines(df: pd.DataFrame) -> list[str]:
     """The engines some device of ``df`` carries fitted kernel curves for, sorted."""
     names: set[str] = set()
@@ -278,7 +312,8 @@ def fitted_engines(df: pd.DataFrame) -> list[str]:
 def predict(df: pd.DataFrame, hw: HardwareSet | None = None,
             engine: str | None = None) -> pd.DataFrame:
     """The rows with ``predicted_latency_us``, ``bound``, ``priced_by``, ``error`` (signed)
-    and ``ape``; ``engine`` prices GEMMs on that engine's fitted curves (:func:`predict_row`)."""
+    and ``ape``; ``engine`` prices GEMMs and attention on that engine's fitted curves
+    (:func:`predict_row`)."""
     hw = hw or HardwareSet()
     out = df.copy()
     preds = [predict_row(r, hw, engine) for r in df.to_dict("records")]
