@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from simulator._paths import data_dir
-from simulator.config_io import load_model
+from simulator.config_io import read_yaml, validate
 from simulator.errors import ConfigError
 
 
@@ -206,6 +206,11 @@ class ServingEngineProfile(BaseModel):
 
     name: str = Field(description="Profile name used in scenarios, e.g. `vllm`.")
     version: str = Field(description="Engine version the figures describe.")
+    kernels: str | None = Field(None, description=(
+        "The engine whose measured kernels run this profile's operators: the key of the "
+        "device profiles' fitted operator curves and of the measured kernel tables "
+        "(`vllm`, `trtllm`, `sglang`). Empty = the profile's name; a profile that "
+        "`extends` another takes the base's."))
     step_overhead_us: float = Field(ge=0, description=(
         "Host-side time per engine step that does not overlap GPU work: scheduling, input "
         "preparation, sampling, detokenisation, microseconds."))
@@ -293,6 +298,11 @@ class ServingEngineProfile(BaseModel):
         rule = next((r for r in self.allreduce_norm_fusion if r.covers(device)), None)
         return rule.max_message_bytes(tp, hidden_size) if rule is not None else 0.0
 
+    @property
+    def kernel_engine(self) -> str:
+        """The engine whose fitted operator curves and kernel tables price this profile."""
+        return self.kernels or self.name
+
     def memory_fraction(self, tp: int) -> float:
         """The default memory fraction at tensor-parallel size ``tp``."""
         by_tp = self.memory_utilization_by_tp
@@ -311,17 +321,57 @@ def engine_names() -> list[str]:
     return [load_engine(n).name for n in _index()]
 
 
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s keys on top; mappings present in both are merged the same
+    way, anything else (lists included) is replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _profile_data(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A profile file's mapping, with what it ``extends`` resolved: the base's keys under
+    its own (:func:`_merge`), the base's ``kernels`` if it sets none, and the base's
+    ``source`` list followed by its own."""
+    data = read_yaml(path)
+    if not isinstance(data, dict) or "extends" not in data:
+        return data  # type: ignore[no-any-return]
+    base_name = data.pop("extends")
+    index = _index()
+    if not isinstance(base_name, str) or base_name.lower() not in index:
+        raise ConfigError(f"extends: {base_name!r} is not a shipped engine profile; shipped: "
+                          f"{', '.join(index)}", file=str(path), key="extends")
+    if base_name.lower() in seen:
+        raise ConfigError(f"extends: {base_name!r} leads back to itself "
+                          f"({' -> '.join((*seen, base_name.lower()))})",
+                          file=str(path), key="extends")
+    base_path = index[base_name.lower()]
+    base = _profile_data(base_path, (*seen, base_name.lower()))
+    base.setdefault("kernels", base.get("name"))
+    merged = _merge(base, data)
+    # The base's sources still back what the child inherits; the child's add to them.
+    sources = [*(base.get("source") or []), *(data.get("source") or [])]
+    if sources:
+        merged["source"] = list(dict.fromkeys(sources))
+    return merged
+
+
 @cache
 def load_engine(name: str) -> ServingEngineProfile:
     path = Path(name)
-    if path.suffix in {".yaml", ".yml"} and path.is_file():
-        return load_model(ServingEngineProfile, path)
-    index = _index()
-    if name.lower() not in index:
-        raise ConfigError(
-            f"unknown serving engine {name!r}; shipped: {', '.join(index) or 'none'}"
-        )
-    return load_model(ServingEngineProfile, index[name.lower()])
+    seen: tuple[str, ...] = ()  # a user's file may extend the profile it is named after
+    if not (path.suffix in {".yaml", ".yml"} and path.is_file()):
+        index = _index()
+        if name.lower() not in index:
+            raise ConfigError(
+                f"unknown serving engine {name!r}; shipped: {', '.join(index) or 'none'}"
+            )
+        path, seen = index[name.lower()], (name.lower(),)
+    return validate(ServingEngineProfile, _profile_data(path, seen), file=str(path))
 
 
 def engine_ref(name: str, version: str | None = None) -> str:

@@ -186,7 +186,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
         pool_places = placements[cursor: cursor + pool.max_instances]
         cursor += pool.max_instances
         costs: list[InstanceCostModel] = []
-        predictor_class, tables = predictor_for(scenario.cost, dev, engine.name, file)
+        predictor_class, tables = predictor_for(scenario.cost, dev, engine.kernel_engine, file)
         imbalance = pool_imbalance(pool, model, par, file, key)
         for place_ in pool_places:
             links = instance_links(place_, par, file, key)
@@ -196,7 +196,7 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                     step_overhead_s=engine.step_overhead_us * 1e-6,
                     per_sequence_overhead_s=engine.per_sequence_overhead_us * 1e-6,
                     graph_launch_factor=engine.graph_launch_factor if engine.cuda_graphs else 1.0,
-                    engine=engine.name,
+                    engine=engine.kernel_engine,
                     norm_fusion_bytes=engine.norm_fusion_bytes(dev.name, par.tp,
                                                                model.hidden_size),
                     **moe_cost_kwargs(pool, model, dev, par, place_, imbalance),

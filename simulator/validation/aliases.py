@@ -32,7 +32,8 @@ _PRECISIONS: dict[str, str] = {
 _ENGINES: dict[str, str] = {
     "vllm": "vllm", "v-llm": "vllm",
     "trtllm": "trtllm", "trt-llm": "trtllm", "tensorrt-llm": "trtllm", "tensorrtllm": "trtllm",
-    "tensorrt_llm": "trtllm", "trt_llm": "trtllm", "trtllm-serve": "trtllm", "nim": "trtllm",
+    "tensorrt_llm": "trtllm", "trt_llm": "trtllm", "trtllm-serve": "trtllm",
+    "nim": "nim", "nvidia-nim": "nim", "nim-llm": "nim",
     "sglang": "sglang", "sgl": "sglang",
     "groq": "groq",
 }
@@ -132,7 +133,8 @@ def engine(value: object) -> str:
     key = _key(value).replace(" ", "")
     if key in _ENGINES:
         return _ENGINES[key]
-    raise ValueError(f"unknown engine {value!r}; allowed: vllm, trtllm (TensorRT-LLM), sglang, groq")
+    raise ValueError(f"unknown engine {value!r}; allowed: vllm, trtllm (TensorRT-LLM), "
+                     "nim (NVIDIA NIM for LLMs), sglang, groq")
 
 
 def device(value: object, known: list[str]) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -36,14 +36,28 @@ from simulator.hardware.engines import engine_ref, load_engine
 from simulator.validation.serving import long_errors, simulate_rows
 from simulator.validation.serving_io import read_serving
 
-FITTED: dict[str, tuple[str, ...]] = {
-    "vllm": ("step_overhead_us",),
-    "trtllm": ("per_sequence_overhead_us",),
-    "vllm-0.6": ("step_overhead_us", "per_layer_overhead_us"),
-}
-"""The constants fitted per engine profile (profile name: parameters)."""
 
-FRONTEND: dict[str, str] = {"trtllm": "frontend.per_prompt_token_us"}
+class Constant(NamedTuple):
+    """One fitted constant of an engine profile: its key, the metric of the rows it zeroes
+    (None: every measured value), and the bisection's upper bound and tolerance."""
+
+    parameter: str
+    metric: str | None = None
+    hi: float = 2000.0
+    tol: float = 1.0
+
+
+FITTED: dict[str, tuple[Constant, ...]] = {
+    "vllm": (Constant("step_overhead_us"),),
+    "trtllm": (Constant("per_sequence_overhead_us"),),
+    "vllm-0.6": (Constant("step_overhead_us"), Constant("per_layer_overhead_us")),
+    # The memory outside the KV pool: the saturated row's TPOT says how many requests
+    # the pool holds.
+    "nim": (Constant("runtime_reserve_gib", "tpot_ms", hi=20.0, tol=0.01),),
+}
+"""The constants fitted per engine profile (profile name: constants)."""
+
+FRONTEND: dict[str, str] = {"nim": "frontend.per_prompt_token_us"}
 """The frontend constant fitted per engine profile on its calibration rows' TTFT."""
 
 
@@ -138,10 +152,12 @@ def main(argv: list[str] | None = None) -> None:
         if not len(rows):
             continue
         if len(parameters) == 1:
-            values = {parameters[0]: fit(rows, engine, parameters[0])}
+            const = parameters[0]
+            values = {const.parameter: fit(rows, engine, const.parameter, hi=const.hi,
+                                           tol=const.tol, metric=const.metric)}
         else:
-            values = fit_joint(rows, engine, parameters)
-        shown = ", ".join(f"{k} = {v:.1f}" for k, v in values.items())
+            values = fit_joint(rows, engine, tuple(c.parameter for c in parameters))
+        shown = ", ".join(f"{k} = {v:.{2 if v < 10 else 1}f}" for k, v in values.items())
         print(f"{engine}: {shown} ({len(rows)} calibration rows)")
 
 
