@@ -27,6 +27,7 @@ from simulator.engine.process import ServingProcess
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request
 from simulator.engine.router import RouterState
+from simulator.engine.scheduler.vllm_v1 import VllmV1
 from simulator.metrics.monitoring import instance_timeseries, pool_timeseries
 from simulator.scenario.load import load_scenario, scenario_dir
 from tests.conftest import make_scenario
@@ -120,7 +121,7 @@ def test_every_public_member_of_an_instance_passes_the_gate() -> None:
         if name.startswith("_"):
             continue
         fn = member.fget if isinstance(member, property) else member
-        assert getattr(fn, "__gate__", None) in {"observes", "mutates", "absorbs",
+        assert getattr(fn, "__gate__", None) in {"observes", "mutates", "absorbs", "joins",
                                                  "unbooked"}, name
 
     def gated(kind: str) -> set[str]:
@@ -130,9 +131,11 @@ def test_every_public_member_of_an_instance_passes_the_gate() -> None:
 
     # A read that skips the booking must read only what a jump never changes: liveness,
     # power, draining, constants. A write a jump may absorb must change only what a
-    # hand-off reserves. Both lists are closed: a new member is a decision.
+    # hand-off reserves; one that joins, only add a request that decodes from the next step.
+    # The lists are closed: a new member is a decision.
     assert gated("unbooked") == {"alive", "active", "accepting", "draining", "can_ever_hold"}
     assert gated("absorbs") == {"try_reserve", "rebind_reservation"}
+    assert gated("joins") == {"admit_transferred"}
 
 
 # ----- every shipped scenario ----------------------------------------------------------
@@ -511,3 +514,73 @@ def test_a_jump_that_goes_on_late_or_without_the_freed_kv_fails(monkeypatch) -> 
     fast, slow = both(_closed_loop(), "all")
     with pytest.raises(AssertionError, match="kv_used"):
         assert_same_steps(fast.steps, slow.steps)
+
+
+# ----- hand-offs that join a decode jump ------------------------------------------------
+def _joined(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For each jump planned without a scheduling pass: whether the jump before was cut
+    (only by requests joining the batch: their hand-offs arrived)."""
+    seen: list[bool] = []
+    jump_on = ServingProcess._jump_on
+
+    def spy(self: Any, ended: Any) -> Any:
+        jump = jump_on(self, ended)
+        if jump is not None:
+            seen.append(ended.cut_at is not None)
+        return jump
+
+    monkeypatch.setattr(ServingProcess, "_jump_on", spy)
+    return seen
+
+
+def _joining(budget: int = 4096, seed: int = 4) -> Any:
+    """1P1D under vLLM's policy, prompts short enough that hand-offs arrive while the
+    decode instance jumps; ``budget``: the decode pool's token budget."""
+    def pool(name: str, role: str, tokens: int) -> dict[str, Any]:
+        return {"name": name, "role": role, "device": "H100-SXM",
+                "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": tokens}}
+
+    return make_scenario(**{
+        "seed": seed,
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 12.0},
+        "workload.input_tokens": {"kind": "uniform", "min_tokens": 50, "max_tokens": 1500},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 20, "max_tokens": 400},
+        "workload.num_requests": 120,
+        "cluster.pools": [pool("p", "prefill", 4096), pool("d", "decode", budget)],
+    })
+
+
+@pytest.mark.parametrize("record", ["all", "stretches"])
+def test_a_joined_request_goes_on_with_the_jump(monkeypatch, record) -> None:
+    """Hand-offs that arrive during a decode jump cut it at the step then running; the next
+    jump goes on over the batch with the joined requests without a scheduling pass (vLLM's
+    pass would decode them all), as step by step."""
+    seen = _joined(monkeypatch)
+    fast, slow = both(_joining(), record)
+    assert fast.summary["completed"] == 120
+    assert seen.count(True) > 20  # jumps cut by arrivals went on
+    assert_identical(fast, slow, 0.5)
+
+
+def test_joined_requests_beyond_the_budget_take_a_pass(monkeypatch) -> None:
+    """A batch larger than vLLM's token budget decodes only its head: a jump cut by
+    arrivals that grow it past the budget goes on after a pass, and going on without one
+    is caught by the comparison."""
+    answers: list[bool] = []
+    joins = VllmV1.joins
+
+    def spy(self: Any, running: int, limits: Any) -> bool:
+        ok = joins(self, running, limits)
+        answers.append(ok)
+        return ok
+
+    monkeypatch.setattr(VllmV1, "joins", spy)
+    fast, slow = both(_joining(budget=6), "all")
+    assert True in answers  # within the budget
+    assert False in answers  # beyond it
+    assert_identical(fast, slow, 0.5)
+
+    monkeypatch.setattr(VllmV1, "joins", lambda self, running, limits: True)
+    fast, slow = both(_joining(budget=6), "all")
+    with pytest.raises(AssertionError):
+        assert_identical(fast, slow, 0.5)

@@ -4,7 +4,8 @@ When an instance's batch is decode-only and cannot change until a known step (th
 completion, or the first step whose KV growth would not fit), its steps are priced in one
 vectorised call and the clock jumps to the end. The result must be that of step-by-step
 simulation, so one rule holds, enforced by the instance's gate (:func:`observes`,
-:func:`mutates`, :func:`absorbs`; :func:`unbooked` marks the reads a jump cannot affect):
+:func:`mutates`, :func:`absorbs`, :func:`joins`; :func:`unbooked` marks the reads a jump
+cannot affect):
 
 * every outside **read** of the instance first brings the jump up to date: the KV blocks
   of the steps that have started by now are booked, as step-by-step simulation allocates
@@ -34,6 +35,11 @@ the next jump over the requests still running without a scheduling pass
   aborted, the instance swaps to no host tier (every policy then decodes every running
   request, as the step before, since a subset of a batch that fit fits), and it runs at
   full speed;
+* or the only writes that cut it **joined** requests to the batch (:func:`joins`: a
+  hand-off's KV arrived, and the request decodes from the next step), the same holds, and
+  the policy says that a pass over that many running requests, all decoding and their
+  growth fitting, decodes every one (``Scheduler.joins``: vLLM's token budget holds one
+  token each; the other policies say no, and their passes run);
 * the first step's KV growth and the following ones fit what allocations can get (the
   plan's own fit test; a step that does not fit would preempt), and the plan books that
   first step's blocks as the scheduling pass would, each request's growth;
@@ -112,6 +118,7 @@ def mutates(fn: F) -> F:
         if jump is not None:
             now = self.env.now
             jump.sync(self._kv.blocks, now)
+            jump.needs_pass = True  # what comes next is the scheduling pass's to decide
             if jump.cut(now):  # the first write: the step running now ends the jump
                 self.process.interrupt("cut")
         out = fn(self, *args, **kwargs)
@@ -120,6 +127,29 @@ def mutates(fn: F) -> F:
         return out
 
     gated.__gate__ = "mutates"  # type: ignore[attr-defined]
+    return gated  # type: ignore[return-value]
+
+
+def joins(fn: F) -> F:
+    """Gate of an outside write that adds a request to the running batch (it decodes from
+    the next step): bring a running jump up to date and cut it, as :func:`mutates`, but
+    the next jump may go on over the batch with the joined request without a scheduling
+    pass (see the module docstring); afterwards tell the routers' load index that the
+    instance's load may have changed."""
+    @wraps(fn)
+    def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
+        jump = self._jump
+        if jump is not None:
+            now = self.env.now
+            jump.sync(self._kv.blocks, now)
+            if jump.cut(now):  # the first write: the step running now ends the jump
+                self.process.interrupt("cut")
+        out = fn(self, *args, **kwargs)
+        if self.on_load_change is not None:
+            self.on_load_change(self)
+        return out
+
+    gated.__gate__ = "joins"  # type: ignore[attr-defined]
     return gated  # type: ignore[return-value]
 
 
@@ -143,6 +173,7 @@ def absorbs(fn: F) -> F:
                 # The policy reads only the batch and its KV growth, or more (see above).
                 quiet = not self._waiting and self._swap is None
                 if not (quiet and jump.absorb(kv, now, kv.used - used)):
+                    jump.needs_pass = True
                     jump.cut(now)
                     self.process.interrupt("cut")
         if self.on_load_change is not None:
@@ -164,8 +195,8 @@ class Jump:
     """
 
     __slots__ = ("booked", "cancelled", "ctx", "ctx_sum", "cut_at", "decodes", "ends", "extra",
-                 "held", "k", "last_sync", "pinned", "queue_len", "running", "scheduled",
-                 "series", "start", "used")
+                 "held", "k", "last_sync", "needs_pass", "pinned", "queue_len", "running",
+                 "scheduled", "series", "start", "used")
 
     def __init__(self, decodes: list[Request], start: float, series: DecodeSeries,
                  ctx: list[int], ctx_sum: int, held: list[int], pinned: list[int],
@@ -187,6 +218,7 @@ class Jump:
         self.used = [kv_used]  # KV used after booking step j
         self.queue_len, self.running = queue_len, running  # at the jump's start
         self.cut_at: float | None = None  # time of the first outside write
+        self.needs_pass = False  # a write other than a join (:func:`joins`) cut it
         self.cancelled = False  # a client of the batch gave up during the jump
         self.last_sync = -1.0
 

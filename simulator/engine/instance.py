@@ -16,9 +16,9 @@ The instance is split by concern:
 
 Everything outside reaches an instance through its public methods and properties, and
 each of them passes the fast-forward gate (``@observes`` for reads, ``@mutates`` for
-writes, ``@absorbs`` for a hand-off's reservation), so a jump is brought up to date before
-it is read and cut before it is changed (unless it can absorb the change); the instance's
-state itself is private.
+writes, ``@absorbs`` for a hand-off's reservation, ``@joins`` for a request joining the
+batch), so a jump is brought up to date before it is read and cut before it is changed
+(unless it can absorb the change); the instance's state itself is private.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import simpy
 from simulator.cost.speculative import Acceptance
 from simulator.cost.step import InstanceCostModel
 from simulator.engine.config import SchedulerSpec
-from simulator.engine.fast_forward import Jump, absorbs, mutates, observes, unbooked
+from simulator.engine.fast_forward import Jump, absorbs, joins, mutates, observes, unbooked
 from simulator.engine.instance_life import InstanceLife
 from simulator.engine.kv_manager import KVManager
 from simulator.engine.lifecycle import Lifecycle
@@ -253,7 +253,7 @@ class Instance(InstanceLife):
         prefill ran now belongs to ``req`` itself."""
         self._reserved[req.id] = req
 
-    @mutates
+    @joins
     def admit_transferred(self, req: Request) -> None:
         """Decode role: the request's KV has arrived; it joins the decode batch."""
         del self._reserved[req.id]

@@ -233,9 +233,12 @@ class ServingProcess:
         """The jump that goes on after ``ended`` over the requests still running, without a
         scheduling pass, or None: the loop schedules as usual. The rule, and why the pass
         would schedule those steps the same, is :mod:`simulator.engine.fast_forward`'s."""
-        if (ended.cut_at is not None or self._waiting or self._aborts or not self._running
+        if (ended.needs_pass or self._waiting or self._aborts or not self._running
                 or self._swap is not None or self._life.speed != 1.0):
             return None
+        if ended.cut_at is not None and not self.scheduler.joins(len(self._running),
+                                                                 self._limits):
+            return None  # requests joined: the policy's pass may not decode them all
         kv = self._kv
         jump = plan_jump(list(self._running), kv.blocks, self._prices,
                          kv.pinned_blocks if kv.cache is not None else None, self.env.now,

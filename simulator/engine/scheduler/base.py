@@ -168,6 +168,13 @@ class Scheduler(Protocol):
         """``steps`` decode steps ran without being scheduled one by one (a jump)."""
         ...
 
+    def joins(self, running: int, limits: EngineLimits) -> bool:
+        """Whether a pass over ``running`` requests that all decode, with nothing waiting
+        and their KV growth fitting, surely decodes every one of them (so requests that
+        joined the batch since the last step may go on with it without a pass; False: the
+        pass runs)."""
+        ...
+
 
 class Stateless:
     """A policy that keeps nothing between steps: every stretch of identical decode steps
@@ -178,6 +185,9 @@ class Stateless:
 
     def advance(self, steps: int) -> None:
         return None
+
+    def joins(self, running: int, limits: EngineLimits) -> bool:
+        return False
 
 
 @dataclass(slots=True)

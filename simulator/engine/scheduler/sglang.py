@@ -37,6 +37,7 @@ from typing import Literal
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler.base import (
     Admission,
+    EngineLimits,
     SchedulerOutput,
     SchedulerView,
     ordered_waiting,
@@ -67,6 +68,9 @@ class SglangScheduler:
         """``steps`` more decode steps ran (a fast-forward jump) without retraction."""
         for _ in range(steps):
             self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
+
+    def joins(self, running: int, limits: EngineLimits) -> bool:
+        return False
 
     # ----- one step ------------------------------------------------------------------
     def schedule(self, view: SchedulerView) -> SchedulerOutput:

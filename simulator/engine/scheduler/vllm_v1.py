@@ -38,6 +38,7 @@ from __future__ import annotations
 from simulator.engine.request import Request, State
 from simulator.engine.scheduler.base import (
     Admission,
+    EngineLimits,
     KVLedger,
     SchedulerOutput,
     SchedulerView,
@@ -59,6 +60,11 @@ class VllmV1:
     def advance(self, steps: int) -> None:
         if steps:  # steps that preempted nothing
             self._preempted = False
+
+    def joins(self, running: int, limits: EngineLimits) -> bool:
+        # The running pass books every decode, one token of the budget each, when their
+        # blocks fit at once (_decode_prefix), and admits nothing with nothing waiting.
+        return running <= limits.max_num_batched_tokens
 
     def schedule(self, view: SchedulerView) -> SchedulerOutput:
         lim, kv = view.limits, view.kv
