@@ -135,3 +135,21 @@ def test_the_nim_reserve_zeroes_its_calibration_rows_tpot_error(tmp_path: Path) 
     flat.write_text(json.dumps(data))
     err0 = long_errors(simulate_rows(row.assign(engine=str(flat), engine_version=None)))
     assert float(err0[err0["metric"] == "tpot_ms"]["error"].iloc[0]) > 0.03
+
+
+def test_a_kernels_name_no_table_holds_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, "typo.yaml", {"name": "typo", "extends": "trtllm", "version": "x",
+                                          "kernels": "trtlm"})
+    with pytest.raises(ConfigError) as info:
+        load_engine(str(path))
+    assert info.value.key == "kernels"
+    assert "'vllm', 'trtllm' or 'sglang'" in info.value.message
+
+
+def test_a_profile_extending_one_without_measured_kernels_sets_none(tmp_path: Path) -> None:
+    """The LPU profile's name is no kernel table's engine: a child of it names no kernels
+    (and prices as its base does), rather than failing on the base's name."""
+    path = _write(tmp_path, "lpu.yaml", {"name": "lpu-mine", "extends": "groq", "version": "x"})
+    mine = load_engine(str(path))
+    assert mine.kernels is None
+    assert mine.kernel_engine == "lpu-mine"

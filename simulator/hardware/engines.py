@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -127,6 +127,9 @@ class AllReduceNormFusion(BaseModel):
         return float(self.max_message_bytes_by_tp[max(below)])
 
 
+KernelEngine = Literal["vllm", "trtllm", "sglang"]
+"""The engines whose measured kernels the device profiles' fits and the kernel tables hold."""
+
 SchedulerPolicy = Literal["vllm_v1", "trtllm", "sglang", "continuous"]
 """Batching policies (simulator/engine/scheduler/): one per serving engine, and
 ``continuous``, the decode-first / prefill-first batching the simulator ran before."""
@@ -206,7 +209,7 @@ class ServingEngineProfile(BaseModel):
 
     name: str = Field(description="Profile name used in scenarios, e.g. `vllm`.")
     version: str = Field(description="Engine version the figures describe.")
-    kernels: str | None = Field(None, description=(
+    kernels: KernelEngine | None = Field(None, description=(
         "The engine whose measured kernels run this profile's operators: the key of the "
         "device profiles' fitted operator curves and of the measured kernel tables "
         "(`vllm`, `trtllm`, `sglang`). Empty = the profile's name; a profile that "
@@ -351,7 +354,8 @@ def _profile_data(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
                           file=str(path), key="extends")
     base_path = index[base_name.lower()]
     base = _profile_data(base_path, (*seen, base_name.lower()))
-    base.setdefault("kernels", base.get("name"))
+    if base.get("kernels") is None and base.get("name") in get_args(KernelEngine):
+        base["kernels"] = base["name"]
     merged = _merge(base, data)
     # The base's sources still back what the child inherits; the child's add to them.
     sources = [*(base.get("source") or []), *(data.get("source") or [])]
