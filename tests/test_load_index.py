@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator import run
 from simulator.engine import cluster as cluster_module
 from simulator.engine.load_index import LoadIndex
+from simulator.engine.router import MIN_KEYS
 from tests.conftest import make_scenario
 
 
@@ -134,3 +136,38 @@ def test_routing_through_the_index_equals_scanning(monkeypatch, entry, decode, d
     for key, value in scanned.summary.items():
         other = indexed.summary[key]
         assert value == other or (pd.isna(value) and pd.isna(other)), key
+
+
+@pytest.mark.parametrize("policy", sorted(cluster_module.INSTANCE_KEYS))
+def test_the_instances_own_keys_equal_the_routers_keys(monkeypatch, policy: str) -> None:
+    """A load index reads an instance's key in one gated call: the same tuple, to the
+    type, as the router's key function over the instance's properties, at every read."""
+    reads: list[int] = []
+
+    def checked(own: Any, routers: Any) -> Any:
+        def key(inst: Any) -> tuple[Any, ...]:
+            mine, theirs = own(inst), routers(inst)
+            assert mine == theirs
+            assert list(map(type, mine)) == list(map(type, theirs))
+            reads.append(1)
+            return mine
+        return key
+
+    keys = {p: checked(k, MIN_KEYS[p]) for p, k in cluster_module.INSTANCE_KEYS.items()}
+    monkeypatch.setattr(cluster_module, "INSTANCE_KEYS", keys)
+    monkeypatch.setattr(cluster_module, "INDEX_FROM", 1)
+    sched = {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "memory_utilization": 0.4}
+    sc = make_scenario(**{
+        "workload.arrival": {"kind": "poisson", "rate_per_s": 60.0},
+        "workload.input_tokens": {"kind": "uniform", "min_tokens": 16, "max_tokens": 2000},
+        "workload.output_tokens": {"kind": "uniform", "min_tokens": 1, "max_tokens": 300},
+        "workload.num_requests": 150,
+        "cluster.pools": [
+            {"name": "p", "role": "prefill", "device": "L40S", "instances": 3, "scheduler": sched},
+            {"name": "d", "role": "decode", "device": "L40S", "instances": 3, "scheduler": sched}],
+        "cluster.router.policy": policy,
+        "cluster.router.decode_policy": policy,
+        "faults": [{"kind": "instance_failure", "target": "d/1", "at_s": 0.8, "duration_s": 1.0}],
+    })
+    run(sc)
+    assert len(reads) > 300

@@ -26,7 +26,7 @@ from simulator.engine.load_index import LoadIndex
 from simulator.engine.priority import make_queue
 from simulator.engine.recorder import Recorder
 from simulator.engine.request import Request, State
-from simulator.engine.router import MIN_KEYS, POLICIES, RouterState
+from simulator.engine.router import POLICIES, RouterState
 from simulator.engine.step_prices import PriceTables
 from simulator.engine.tenants import Admission
 from simulator.engine.tier_io import TierRoute
@@ -37,6 +37,14 @@ Role = Literal["colocated", "prefill", "decode"]
 INDEX_FROM = 8
 """Pools of at least this many instances route a least-* policy through a maintained
 :class:`~simulator.engine.load_index.LoadIndex` (the same picks as scanning them all)."""
+
+INSTANCE_KEYS: dict[str, Callable[[Instance], tuple[float, ...]]] = {
+    "least_outstanding": Instance.outstanding_key,
+    "least_tokens": Instance.tokens_key,
+    "least_kv": Instance.kv_key,
+}
+"""The keys of :data:`~simulator.engine.router.MIN_KEYS` as the instance reads them itself
+(one gated call a read): a load index reads these, the same tuples."""
 
 __all__ = ["INDEX_FROM", "MIN_KEY_POLICIES", "Cluster", "InstanceSpec", "Role", "TransferPlan"]
 
@@ -137,14 +145,14 @@ class Cluster:
         rises, except where a prefix cache or KV tier may evict while it books, so
         ``least_kv`` keeps scanning pools with those.
         """
-        key = MIN_KEYS.get(policy)
+        key = INSTANCE_KEYS.get(policy)
         if key is None or len(pool) < INDEX_FROM:
             return None
         if policy == "least_kv" and any(
                 self.specs[x.index].scheduler.prefix_caching or self.specs[x.index].tiers
                 for x in pool):
             return None
-        return LoadIndex(pool, key)  # type: ignore[arg-type]
+        return LoadIndex(pool, key)
 
     # ----- arrivals ------------------------------------------------------------------
 

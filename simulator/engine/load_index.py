@@ -29,7 +29,10 @@ Key = tuple[Any, ...]
 
 
 class LoadIndex(Generic[T]):
-    """Least ``key(member)`` among ``members`` that ``accept`` admits, kept between picks."""
+    """Least ``key(member)`` among ``members`` that ``accept`` admits, kept between picks.
+
+    Members compare by identity (a marked member is kept in a set until the next pick).
+    """
 
     def __init__(self, members: Sequence[T], key: Callable[[T], Key]) -> None:
         self._members = list(members)
@@ -38,38 +41,39 @@ class LoadIndex(Generic[T]):
         self._version = [0] * len(self._members)
         # (key, slot, version): an entry is current while its version is the slot's.
         self._heap: list[tuple[Key, int, int]] = []
-        self._marked: set[int] = set(range(len(self._members)))
         self._slot = {id(m): i for i, m in enumerate(self._members)}
-
-    def mark(self, member: T) -> None:
-        """``member``'s key may have changed in any direction: re-read it at the next pick."""
-        slot = self._slot.get(id(member))
-        if slot is not None:
-            self._marked.add(slot)
-
-    def _store(self, slot: int, key: Key) -> tuple[Key, int, int]:
-        self._stored[slot] = key
-        self._version[slot] += 1
-        return (key, slot, self._version[slot])
+        # Members marked since the last pick; a set of the members themselves, so that
+        # marking is the set's own ``add`` (called for every change an instance reports,
+        # several per routed request, most of them repeats).
+        self._marked: set[T] = set(self._members)
+        self.mark: Callable[[T], None] = self._marked.add
+        """``member``'s key may have changed in any direction: re-read it at the next pick
+        (a member not in the index is ignored)."""
 
     def pick(self, accept: Callable[[T], bool]) -> T | None:
         """The accepted member of least key now, or None if none is accepted."""
-        heap, members, key_of = self._heap, self._members, self._key
+        heap, members, key_of, version = self._heap, self._members, self._key, self._version
         # Slots whose key was read in this call: nothing runs between two reads of one
         # pick, so a second read would give the same key.
         fresh: set[int] | tuple[()] = ()
-        if self._marked:
-            fresh = self._marked
-            self._marked = set()
-            for slot in sorted(fresh):
-                key = key_of(members[slot])
-                if key != self._stored[slot]:
-                    heapq.heappush(heap, self._store(slot, key))
+        marked = self._marked
+        if marked:
+            slot_of, stored = self._slot, self._stored
+            fresh = set()
+            for member in marked:
+                slot = slot_of.get(id(member))
+                if slot is None:
+                    continue
+                fresh.add(slot)
+                key = key_of(member)
+                if key != stored[slot]:
+                    stored[slot] = key
+                    version[slot] += 1
+                    heapq.heappush(heap, (key, slot, version[slot]))
+            marked.clear()
             if len(heap) > 4 * len(members) + 16:  # drop superseded entries
-                version = self._version
-                self._heap = heap = [e for e in heap if e[2] == version[e[1]]]
+                heap[:] = [e for e in heap if e[2] == version[e[1]]]
                 heapq.heapify(heap)
-        version = self._version
         passed: list[tuple[Key, int, int]] = []
         found: T | None = None
         while heap:
@@ -77,15 +81,18 @@ class LoadIndex(Generic[T]):
             if ver != version[slot]:  # superseded by a later read
                 heapq.heappop(heap)
                 continue
+            member = members[slot]
             if slot not in fresh:
-                now = key_of(members[slot])
+                now = key_of(member)
                 if now != key:  # it rose unannounced: put it where it belongs, look again
-                    heapq.heapreplace(heap, self._store(slot, now))
+                    self._stored[slot] = now
+                    version[slot] = ver + 1
+                    heapq.heapreplace(heap, (now, slot, ver + 1))
                     continue
-            passed.append(heapq.heappop(heap))
-            if accept(members[slot]):
-                found = members[slot]
+            if accept(member):  # the least: its entry stays where it is
+                found = member
                 break
+            passed.append(heapq.heappop(heap))
         for entry in passed:  # every member keeps its current entry
             heapq.heappush(heap, entry)
         return found
