@@ -59,18 +59,17 @@ class LoadIndex(Generic[T]):
         marked = self._marked
         if marked:
             slot_of, stored = self._slot, self._stored
-            fresh = set()
-            for member in marked:
-                slot = slot_of.get(id(member))
-                if slot is None:
-                    continue
-                fresh.add(slot)
-                key = key_of(member)
+            fresh = {slot_of.get(id(m), -1) for m in marked}
+            fresh.discard(-1)  # not a member
+            marked.clear()
+            # In the members' order, the same in every run: a read books the member's
+            # running jump, which may evict from its prefix cache to a shared tier below.
+            for slot in sorted(fresh):
+                key = key_of(members[slot])
                 if key != stored[slot]:
                     stored[slot] = key
                     version[slot] += 1
                     heapq.heappush(heap, (key, slot, version[slot]))
-            marked.clear()
             if len(heap) > 4 * len(members) + 16:  # drop superseded entries
                 heap[:] = [e for e in heap if e[2] == version[e[1]]]
                 heapq.heapify(heap)
