@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import Simulation, run
-from simulator.engine.fabric import Fabric, FlowSpec, ResourceSpec
+from simulator.engine.fabric import INF, Fabric, Flow, FlowSpec, Resource, ResourceSpec, _fill, _unshared
 from simulator.hardware import load_link
 from tests.conftest import make_scenario
 
@@ -317,3 +317,32 @@ def load_device_yaml(name: str) -> str:
     from simulator.hardware.registry import profiles_dir
 
     return (profiles_dir() / "devices" / f"{name}.yaml").read_text()
+
+
+# Capacities and caps as a fabric sees them: positive, zero (a resource degraded to 0), or
+# no cap at all; few distinct values, so that equal levels (ties) are common.
+_CAPACITY = st.sampled_from([0.0, 1.0, 2.5, 3.0, 12.5e9, 25e9, 50e9, 1e-3])
+_CAP = st.one_of(st.just(INF), _CAPACITY, st.floats(1e-6, 1e11))
+
+
+@settings(max_examples=300, deadline=None)
+@given(routes=st.lists(st.tuples(st.lists(_CAPACITY, max_size=4), _CAP), min_size=1,
+                       max_size=12))
+def test_unshared_resources_give_the_rates_of_progressive_filling(routes) -> None:
+    """Where no two flows cross one resource, each flow's rate is read off its own route:
+    the same floats progressive filling gives (the re-plans of most hand-offs)."""
+    routes = [(caps, cap) for caps, cap in routes if caps or cap < INF]
+    if not routes:
+        return
+    flows: dict[Flow, None] = {}
+    for i, (caps, cap) in enumerate(routes):
+        resources = tuple(Resource(f"r{i}.{j}", c) for j, c in enumerate(caps))
+        flows[Flow(resources, 1.0, cap, None)] = None
+    left = {r: r.capacity for f in flows for r in f.resources}
+    _unshared(flows, left)
+    fast = [f.rate for f in flows]
+    for f in flows:
+        f.rate = -1.0
+    _fill(flows, dict(left), dict.fromkeys(left, 1))
+    assert [f.rate for f in flows] == fast
+    assert all(str(a) == str(b) for a, b in zip(fast, [f.rate for f in flows], strict=True))

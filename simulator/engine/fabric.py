@@ -342,6 +342,7 @@ class Fabric:
         """
         left: dict[Resource, float] = {}
         users: dict[Resource, int] = {}
+        shared = False
         for flow in flows:
             for r in flow.resources:
                 n = users.get(r)
@@ -350,37 +351,11 @@ class Fabric:
                     users[r] = 1
                 else:
                     users[r] = n + 1
-        # The fair share of every resource still shared by unfrozen flows; a round changes
-        # only those of the resources its frozen flows cross.
-        share = {r: (left[r] if left[r] > 0.0 else 0.0) / n for r, n in users.items()}
-        unfrozen = list(flows)
-        while unfrozen:
-            level = min([flow.cap for flow in unfrozen] + list(share.values()))
-            assert level < INF, "a flow with neither a cap nor a finite resource"
-            keep: list[Flow] = []
-            touched: dict[Resource, None] = {}
-            for flow in unfrozen:
-                frozen = flow.cap <= level
-                if not frozen:
-                    for r in flow.resources:
-                        if share[r] <= level:
-                            frozen = True
-                            break
-                if not frozen:
-                    keep.append(flow)
-                    continue
-                flow.rate = level
-                for r in flow.resources:
-                    left[r] -= level
-                    users[r] -= 1
-                    touched[r] = None
-            for r in touched:
-                n = users[r]
-                if n:
-                    share[r] = (left[r] if left[r] > 0.0 else 0.0) / n
-                else:
-                    del share[r]
-            unfrozen = keep
+                    shared = True
+        if not shared:
+            _unshared(flows, left)
+            return
+        _fill(flows, left, users)
 
     def _replan(self) -> None:
         self._gen += 1
@@ -410,3 +385,58 @@ class Fabric:
             self._drop(flow)
             self._finish(flow, True)
         self._replan()
+
+
+def _unshared(flows: dict[Flow, None], left: dict[Resource, float]) -> None:
+    """:meth:`Fabric._allocate` where no two flows cross one resource (most re-plans).
+
+    A flow's resources then offer it their whole capacity (at least 0) until it freezes,
+    as no other flow takes from them, and progressive filling freezes it when the level
+    reaches the least of its cap and those capacities: that least is its rate, the same
+    float (tests/test_fabric.py checks it against :func:`_fill`).
+    """
+    for flow in flows:
+        level = flow.cap
+        for r in flow.resources:
+            share = left[r] if left[r] > 0.0 else 0.0
+            if share < level:  # noqa: PLR1730 (a comparison: no call per resource)
+                level = share
+        assert level < INF, "a flow with neither a cap nor a finite resource"
+        flow.rate = level
+
+
+def _fill(flows: dict[Flow, None], left: dict[Resource, float],
+          users: dict[Resource, int]) -> None:
+    """Progressive filling of :meth:`Fabric._allocate`: ``left`` holds each resource's
+    capacity and ``users`` the flows crossing it."""
+    # The fair share of every resource still shared by unfrozen flows; a round changes
+    # only those of the resources its frozen flows cross.
+    share = {r: (left[r] if left[r] > 0.0 else 0.0) / n for r, n in users.items()}
+    unfrozen = list(flows)
+    while unfrozen:
+        level = min([flow.cap for flow in unfrozen] + list(share.values()))
+        assert level < INF, "a flow with neither a cap nor a finite resource"
+        keep: list[Flow] = []
+        touched: dict[Resource, None] = {}
+        for flow in unfrozen:
+            frozen = flow.cap <= level
+            if not frozen:
+                for r in flow.resources:
+                    if share[r] <= level:
+                        frozen = True
+                        break
+            if not frozen:
+                keep.append(flow)
+                continue
+            flow.rate = level
+            for r in flow.resources:
+                left[r] -= level
+                users[r] -= 1
+                touched[r] = None
+        for r in touched:
+            n = users[r]
+            if n:
+                share[r] = (left[r] if left[r] > 0.0 else 0.0) / n
+            else:
+                del share[r]
+        unfrozen = keep
