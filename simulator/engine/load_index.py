@@ -5,7 +5,7 @@
 heap of each member's last-read key and re-reads only what may have changed:
 
 * a member whose key may have gone **down** (or anywhere) since it was read is *marked*
-  (:meth:`LoadIndex.mark`): the instance reports it when its queue, batch, hand-offs or
+  (``LoadIndex.mark``): the instance reports it when its queue, batch, hand-offs or
   freed KV change, and the cluster when it fails, recovers, drains or is switched;
 * a key may go **up** unannounced: a decode jump books its KV lazily, so the KV load a
   router would read rises with the clock without an event. A stored key is therefore a
