@@ -59,11 +59,12 @@ of the jump's start for every step that ended before the first outside write tha
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from functools import wraps
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -194,15 +195,18 @@ class Jump:
     and steps of a typical jump (measured: benchmarks/README.md).
     """
 
-    __slots__ = ("booked", "cancelled", "ctx", "ctx_sum", "cut_at", "decodes", "ends", "extra",
-                 "held", "k", "last_sync", "needs_pass", "pinned", "queue_len", "running",
-                 "scheduled", "series", "start", "used")
+    __slots__ = ("booked", "cancelled", "completes", "ctx", "ctx_sum", "cut_at", "decodes",
+                 "ends", "extra", "held", "k", "last_sync", "needs_pass", "pinned", "queue_len",
+                 "running", "scheduled", "series", "start", "used")
 
     def __init__(self, decodes: list[Request], start: float, series: DecodeSeries,
                  ctx: list[int], ctx_sum: int, held: list[int], pinned: list[int],
                  extra: list[int], kv_used: int, queue_len: int, running: int,
-                 scheduled: bool = True) -> None:
+                 scheduled: bool = True, completes: bool = True) -> None:
         self.decodes = decodes
+        # Its last step completes a sequence (it runs to the batch's fewest tokens left);
+        # before that step none completes.
+        self.completes = completes
         self.scheduled = scheduled  # its first step came from a scheduling pass
         self.start = start
         self.series = series
@@ -305,7 +309,9 @@ class Jump:
         decodes, start, ends = self.decodes, self.start, self.ends
         n = len(decodes)
         used, late = self.row_values(done, kv.used)
-        seconds, bounds, compute_s, memory_s = self.series
+        # A kept series' columns are ``array``s of the recorded types (StepPrices hands out
+        # no other), which the recorder appends as they are.
+        seconds, bounds, compute_s, memory_s = cast("tuple[array[Any], ...]", self.series)
         if done < self.k:  # cut short: its first ``done`` steps
             seconds, bounds = seconds[:done], bounds[:done]
             compute_s, memory_s = compute_s[:done], memory_s[:done]
@@ -326,21 +332,33 @@ class Jump:
                 queue_len if late < done else q0, running if late < done else r0,
                 bounds, compute_s, memory_s,
             )
-        bs, last, cancelled = kv.block_size, done - 1, self.cancelled
-        finished = []
+        bs, last = kv.block_size, done - 1
+        if self.cancelled:
+            finished = []
+            for r, c, h, p in zip(decodes, self.ctx, self.held, self.pinned, strict=True):
+                need = -(-(c + last) // bs)
+                r.blocks = (h if h > need else need) - p
+                if r.status is State.CANCELLED:
+                    continue  # its tokens were booked when its client gave up (book_cancelled)
+                g = r.generated
+                if g < 2 or r.decode_start_s != r.decode_start_s:
+                    book_tokens(r, start, ends, done)  # its first decode steps: their times
+                else:
+                    r.generated = g + done
+                if g + done >= r.output_tokens:
+                    finished.append(r)
+            return finished
         for r, c, h, p in zip(decodes, self.ctx, self.held, self.pinned, strict=True):
             need = -(-(c + last) // bs)
             r.blocks = (h if h > need else need) - p
-            if cancelled and r.status is State.CANCELLED:
-                continue  # its tokens were booked when its client gave up (book_cancelled)
             g = r.generated
             if g < 2 or r.decode_start_s != r.decode_start_s:
                 book_tokens(r, start, ends, done)  # its first decode steps: their times
             else:
                 r.generated = g + done
-            if g + done >= r.output_tokens:
-                finished.append(r)
-        return finished
+        if done < self.k or not self.completes:  # no sequence reached its length before
+            return []
+        return [r for r in decodes if r.generated >= r.output_tokens]
 
     def book_cancelled(self, req: Request, now: float) -> None:
         """``req``'s client gave up at ``now``: it received the tokens of the steps that
@@ -450,4 +468,5 @@ def plan_jump(decodes: list[Request], kv: BlockManager, prices: StepPrices,
     ctx_sum = sum(ctx)
     series = prices.series(n, ctx_sum, k, max(ctx))
     return Jump(decodes, start, series, ctx, ctx_sum, held, pinned,
-                extra if k == remaining else extra[:k], kv.used, queue_len, running, scheduled)
+                extra if k == remaining else extra[:k], kv.used, queue_len, running, scheduled,
+                k == remaining)

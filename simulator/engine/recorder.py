@@ -26,6 +26,8 @@ __all__ = ["BOUNDS", "RECORD_STEPS", "REQUEST_COLUMN_NAMES", "REQUEST_FIELDS", "
 
 Column: TypeAlias = "np.ndarray | array[Any] | Sequence[Any]"
 """Per-step values: a numpy array, an ``array`` or a list."""
+Plain: TypeAlias = "list[Any] | array[Any]"
+"""Per-step values as a list, or an ``array`` of the column's own type code."""
 
 # Compact column types: 4-byte counters, 8-byte times (a million-request run has tens of
 # millions of steps, so every byte per row counts).
@@ -188,19 +190,26 @@ class Recorder:
                               else all(decode_ctx[j] == c0 + decode_seqs * j
                                        for j in range(n)))):
             raise ValueError("a stretch's steps must share queue, batch and context growth")
-        self.stretch(instance, starts, durations, decode_seqs, int(c0), kv_used, kv_total,
-                     int(q0), int(r0), int(queue_len[-1]), int(running[-1]), bounds, compute_s,
-                     memory_s)
+        codes = dict(STRETCH_STEP_COLUMNS)
+        self.stretch(instance, _plain(starts, codes["start_s"]),
+                     _plain(durations, codes["duration_s"]), decode_seqs, int(c0),
+                     _plain(kv_used, codes["kv_used_blocks"]), kv_total, int(q0), int(r0),
+                     int(queue_len[-1]), int(running[-1]), _plain(bounds, codes["bound"]),
+                     _plain(compute_s, codes["compute_s"]), _plain(memory_s, codes["memory_s"]))
 
-    def stretch(self, instance: int, starts: Sequence[float], durations: Column,
-                decode_seqs: int, ctx_start: int, kv_used: Sequence[int], kv_total: int,
-                queue_len: int, running: int, queue_last: int, running_last: int,
-                bounds: Column, compute_s: Column, memory_s: Column) -> None:
+    def stretch(self, instance: int, starts: Plain, durations: Plain, decode_seqs: int,
+                ctx_start: int, kv_used: Plain, kv_total: int, queue_len: int, running: int,
+                queue_last: int, running_last: int, bounds: Plain, compute_s: Plain,
+                memory_s: Plain) -> None:
         """One stretch row of ``len(starts)`` decode-only steps (``record_steps`` other than
         ``all``): their context sum starts at ``ctx_start`` and grows by ``decode_seqs`` a
         step; every step but the last has ``queue_len`` queued and ``running`` running, the
         last ``queue_last`` and ``running_last``. :meth:`steps_bulk` checks that its
-        per-step values are such a stretch; a jump records its steps here directly."""
+        per-step values are such a stretch; a jump records its steps here directly.
+
+        Each per-step column comes as a list or an ``array`` of its own type code in
+        :data:`STRETCH_STEP_COLUMNS` (what a jump holds: its priced series), appended as
+        it is."""
         (inst, steps, seqs, ctx_col, total, queue, run, queue_last_col, run_last,
          row_at) = self._stretch_arrays
         inst.append(instance)
@@ -214,12 +223,12 @@ class Recorder:
         run_last.append(running_last)
         row_at.append(len(self._step_arrays[0]))
         start, dur, comp, mem, bound, used = self._stretch_step_arrays
-        _extend(start, starts)
-        _extend(dur, durations)
-        _extend(comp, compute_s)
-        _extend(mem, memory_s)
-        _extend(bound, bounds)
-        _extend(used, kv_used)
+        start.extend(starts)
+        dur.extend(durations)
+        comp.extend(compute_s)
+        mem.extend(memory_s)
+        bound.extend(bounds)
+        used.extend(kv_used)
 
     def transfer(self, request_id: int, source: int, destination: int, link: int,
                  nbytes: float, start_s: float, end_s: float, exposed_s: float) -> None:
@@ -402,8 +411,8 @@ def _one_instance(cols: dict[str, np.ndarray], t: dict[str, np.ndarray],
 def _extend(col: array[Any], values: Column) -> None:
     """Append ``values`` to ``col``: an ``array`` or numpy array of the column's own type
     at once, anything else (lists, other types) value by value, as ``array`` converts it."""
-    if type(values) is list:
-        col.extend(values)
+    if type(values) is list or (type(values) is array and values.typecode == col.typecode):
+        col.extend(values)  # a jump's lists and priced series: at once
         return
     if isinstance(values, array):
         col.extend(values if values.typecode == col.typecode else values.tolist())
@@ -414,6 +423,14 @@ def _extend(col: array[Any], values: Column) -> None:
             return
         values = values.tolist()
     col.extend(values)
+
+
+def _plain(values: Column, code: str) -> Plain:
+    """``values`` as :meth:`Recorder.stretch` takes them: a list, or an ``array`` of type
+    code ``code`` (converted as :func:`_extend` converts them)."""
+    if type(values) is list or (isinstance(values, array) and values.typecode == code):
+        return values  # type: ignore[return-value]
+    return values.tolist() if isinstance(values, (array, np.ndarray)) else list(values)
 
 
 def _column(values: array[Any]) -> np.ndarray:

@@ -143,7 +143,13 @@ class StepPrices:
         if last < b0 * BLOCK + WINDOW:  # most stretches: a strided slice of one window
             lo = s0 - b0 * BLOCK
             hi = lo + n * k
-            sec, bound, comp, mem = self._window(n, b0)
+            key = (n, b0)
+            window = self._blocks.get(key)
+            if window is None:
+                window = self._window(n, b0)
+            else:  # kept: the most recently used (as _window marks it)
+                self._blocks.move_to_end(key)
+            sec, bound, comp, mem = window
             return DecodeSeries(sec[lo:hi:n], bound[lo:hi:n], comp[lo:hi:n], mem[lo:hi:n])
         parts = []
         for b in range(b0, last // BLOCK + 1, WINDOW // BLOCK):
