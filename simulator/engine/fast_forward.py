@@ -59,7 +59,6 @@ of the jump's start for every step that ended before the first outside write tha
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from functools import wraps
@@ -71,6 +70,8 @@ import numpy as np
 from simulator.engine.request import State
 
 if TYPE_CHECKING:
+    from array import array
+
     from simulator.cost.step import DecodeSeries
     from simulator.engine.kv import BlockManager
     from simulator.engine.recorder import Recorder
