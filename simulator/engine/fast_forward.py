@@ -111,16 +111,18 @@ def unbooked(fn: F) -> F:
     return fn
 
 
-def mutates(fn: F) -> F:
-    """Gate of an outside write: bring a running jump up to date, then cut it; afterwards
-    tell the routers' load index that the instance's load may have changed."""
+def _cutting(fn: F, gate: str, needs_pass: bool) -> F:
+    """A gate that brings a running jump up to date and cuts it before ``fn`` writes (the
+    step running now ends it), ``needs_pass`` saying whether the scheduling pass must decide
+    what follows; afterwards the routers' load index is told the load may have changed."""
     @wraps(fn)
     def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
         jump = self._jump
         if jump is not None:
             now = self.env.now
             jump.sync(self._kv.blocks, now)
-            jump.needs_pass = True  # what comes next is the scheduling pass's to decide
+            if needs_pass:
+                jump.needs_pass = True
             if jump.cut(now):  # the first write: the step running now ends the jump
                 self.process.interrupt("cut")
         out = fn(self, *args, **kwargs)
@@ -128,8 +130,15 @@ def mutates(fn: F) -> F:
             self.on_load_change(self)
         return out
 
-    gated.__gate__ = "mutates"  # type: ignore[attr-defined]
+    gated.__gate__ = gate  # type: ignore[attr-defined]
     return gated  # type: ignore[return-value]
+
+
+def mutates(fn: F) -> F:
+    """Gate of an outside write: bring a running jump up to date, then cut it, what comes
+    next being the scheduling pass's to decide; afterwards tell the routers' load index
+    that the instance's load may have changed."""
+    return _cutting(fn, "mutates", needs_pass=True)
 
 
 def joins(fn: F) -> F:
@@ -138,21 +147,7 @@ def joins(fn: F) -> F:
     the next jump may go on over the batch with the joined request without a scheduling
     pass (see the module docstring); afterwards tell the routers' load index that the
     instance's load may have changed."""
-    @wraps(fn)
-    def gated(self: Any, *args: Any, **kwargs: Any) -> Any:
-        jump = self._jump
-        if jump is not None:
-            now = self.env.now
-            jump.sync(self._kv.blocks, now)
-            if jump.cut(now):  # the first write: the step running now ends the jump
-                self.process.interrupt("cut")
-        out = fn(self, *args, **kwargs)
-        if self.on_load_change is not None:
-            self.on_load_change(self)
-        return out
-
-    gated.__gate__ = "joins"  # type: ignore[attr-defined]
-    return gated  # type: ignore[return-value]
+    return _cutting(fn, "joins", needs_pass=False)
 
 
 def absorbs(fn: F) -> F:

@@ -163,8 +163,7 @@ class Instance(InstanceLife):
     @property
     @observes
     def outstanding(self) -> int:
-        swapped = self._swap.pending if self._swap is not None else 0
-        return len(self._waiting) + len(self._running) + len(self._reserved) + swapped
+        return self._outstanding()
 
     @property
     @observes
@@ -184,32 +183,30 @@ class Instance(InstanceLife):
     @property
     @observes
     def kv_load(self) -> float:
-        kv = self._kv
-        return kv.used / kv.total if kv.total else 1.0
+        return self._kv_load()
+
+    def _outstanding(self) -> int:
+        swapped = self._swap.pending if self._swap is not None else 0
+        return len(self._waiting) + len(self._running) + len(self._reserved) + swapped
+
+    def _kv_load(self) -> float:
+        blocks = self._kv.blocks
+        return blocks.used / blocks.total if blocks.total else 1.0
 
     # The least-* routing keys (simulator.engine.router.MIN_KEYS) read in one gated call
     # each, for a pool's load index: the same tuples as the router's key functions over
     # the properties above (tests/test_load_index.py), at one gate per read, not two.
     @observes
     def outstanding_key(self) -> tuple[int, int]:
-        swapped = self._swap.pending if self._swap is not None else 0
-        return (len(self._waiting) + len(self._running) + len(self._reserved) + swapped,
-                self.index)
+        return (self._outstanding(), self.index)
 
     @observes
     def tokens_key(self) -> tuple[int, int, int]:
-        swapped = self._swap.pending if self._swap is not None else 0
-        return (self._queued_tokens,
-                len(self._waiting) + len(self._running) + len(self._reserved) + swapped,
-                self.index)
+        return (self._queued_tokens, self._outstanding(), self.index)
 
     @observes
     def kv_key(self) -> tuple[float, int, int]:
-        blocks = self._kv.blocks
-        swapped = self._swap.pending if self._swap is not None else 0
-        return (blocks.used / blocks.total if blocks.total else 1.0,
-                len(self._waiting) + len(self._running) + len(self._reserved) + swapped,
-                self.index)
+        return (self._kv_load(), self._outstanding(), self.index)
 
     @observes
     def has_slot(self) -> bool:
