@@ -501,6 +501,51 @@ def test_parallelism_columns_reach_the_scenario(tmp_path: Path) -> None:
     assert sc.workload.num_requests == ROW["num_requests"]
 
 
+def test_attention_dp_runs_the_tp_ranks_data_parallel_with_per_rank_limits(
+        tmp_path: Path) -> None:
+    """trtllm-bench --tp 4 --ep 4 with enable_attention_dp: four attention ranks, each with
+    its own requests and KV, the experts over all four; the engine's limits are per rank."""
+    from simulator.validation.serving import row_scenario
+
+    row = {**ROW, "model": "nvidia/Qwen3-235B-A22B-FP8", "device": "H200-SXM", "tp": 4,
+           "ep": None, "attention_dp": "true", "concurrency": None, "max_num_seqs": 512,
+           "max_num_batched_tokens": 3584}
+    rec = read_serving(_csv(tmp_path, [row])).to_dict("records")[0]
+    assert (rec["tp"], rec["ep"], rec["attention_dp"]) == (4, 4, True)
+    pool = row_scenario(rec).cluster.pools[0]
+    par = pool.parallelism
+    assert (par.tp, par.dp, par.ep, pool.instances) == (1, 4, 4, 1)
+    assert (pool.scheduler.max_num_seqs, pool.scheduler.max_num_batched_tokens) == (2048, 14336)
+    plain = read_serving(_csv(tmp_path, [{**row, "attention_dp": None}], "p.csv"))
+    pool = row_scenario(plain.to_dict("records")[0]).cluster.pools[0]
+    assert (pool.parallelism.tp, pool.parallelism.dp, pool.scheduler.max_num_seqs) == (4, 1, 512)
+
+
+@pytest.mark.parametrize(("change", "column", "says"), [
+    ({"ep": 2}, "ep", "ep must be 4"),
+    ({"tp": 1, "ep": None}, "tp", "tp >= 2"),
+    ({"model": "meta-llama/Llama-3.1-8B-Instruct", "ep": None}, "attention_dp", "dense"),
+    ({"attention_dp": "sometimes"}, "attention_dp", "true or false"),
+])
+def test_bad_attention_dp_rows_name_the_row_and_column(tmp_path: Path, change: dict[str, object],
+                                                       column: str, says: str) -> None:
+    row = {**ROW, "model": "nvidia/Qwen3-235B-A22B-FP8", "device": "H200-SXM", "tp": 4,
+           "ep": 4, "attention_dp": "true", **change}
+    path = _csv(tmp_path, [row])
+    with pytest.raises(ConfigError, match=says) as info:
+        read_serving(path)
+    assert info.value.key == f"row 1 (line 2).{column}"
+
+
+def test_the_report_keeps_moe_fp4_rows_out_of_the_dense_fp4_and_moe_groups() -> None:
+    from simulator.validation.serving_report import row_class
+
+    assert row_class("Llama-3.1-70B", "fp4") == "FP4"
+    assert row_class("Qwen3-235B-A22B", "fp4") == "MoE FP4"
+    assert row_class("Qwen3-235B-A22B", "fp8") == "MoE"
+    assert row_class("Llama-3.1-70B", "fp8") == "dense"
+
+
 def test_every_shipped_serving_row_cites_its_source() -> None:
     folder = Path(__file__).resolve().parents[1] / "scenarios" / "validation"
     files = sorted(folder.glob("serving_*.csv"))

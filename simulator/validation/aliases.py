@@ -82,6 +82,7 @@ COLUMN_ALIASES: dict[str, str] = {
     "measured_output_throughput": "measured_output_tok_s",
     "measured_e2el_ms": "measured_e2e_ms",
     "max_concurrency": "concurrency",
+    "enable_attention_dp": "attention_dp",
     "num_prompts": "num_requests",
     "gpu": "device",
     "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp",

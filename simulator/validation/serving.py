@@ -88,9 +88,15 @@ def row_scenario(row: dict[Any, Any], file: str | None = None,
     # trtllm-bench), which has its own default limits.
     scheduler: dict[str, Any] = {
         "entry_point": "offline" if row["arrival"] == "all_at_once" else "api_server"}
+    # Attention data parallelism (TensorRT-LLM ``enable_attention_dp``, SGLang
+    # ``--enable-dp-attention``): the tp ranks each hold their own requests and KV, the
+    # experts run expert-parallel over all of them; the engine's batch limits are per rank.
+    tp = _int(row, "tp", 1)
+    dp_attention = row.get("attention_dp")
+    ranks = tp if isinstance(dp_attention, (bool, np.bool_)) and dp_attention else 1
     for col in ("max_num_seqs", "max_num_batched_tokens"):
         if _num(row, col) is not None:
-            scheduler[col] = _int(row, col, 0)
+            scheduler[col] = _int(row, col, 0) * ranks
     if isinstance(row.get("chunked_prefill"), (bool, np.bool_)):
         scheduler["chunked_prefill"] = bool(row["chunked_prefill"])
     if _num(row, "memory_utilization") is not None:
@@ -110,8 +116,8 @@ def row_scenario(row: dict[Any, Any], file: str | None = None,
         },
         "cluster": {"pools": [{
             "name": "main", "device": str(row["device"]), "instances": _int(row, "dp", 1),
-            "parallelism": {"tp": _int(row, "tp", 1), "pp": _int(row, "pp", 1),
-                            "ep": _int(row, "ep", 1)},
+            "parallelism": {"tp": tp // ranks, "pp": _int(row, "pp", 1),
+                            "ep": _int(row, "ep", 1), "dp": ranks},
             "scheduler": scheduler,
         }]},
     }

@@ -22,7 +22,7 @@ import pandas as pd
 
 from simulator.errors import ConfigError
 from simulator.hardware.registry import device_names
-from simulator.models.catalog import model_names
+from simulator.models.catalog import get_model, model_names
 from simulator.validation import aliases
 
 MEASURED = ("measured_ttft_ms", "measured_tpot_ms", "measured_itl_ms", "measured_e2e_ms",
@@ -32,7 +32,7 @@ INTS = ("tp", "pp", "ep", "dp", "input_len", "output_len", "concurrency", "num_r
 FLOATS = ("request_rate", "memory_utilization", "concurrency_ramp_s", *MEASURED)
 TEXT = ("model", "model_id", "device", "engine", "engine_version", "precision",
         "kv_precision", "arrival", "statistic", "split", "source", "notes")
-BOOLS = ("chunked_prefill",)
+BOOLS = ("chunked_prefill", "attention_dp")
 COLUMNS = (*TEXT, *INTS, *FLOATS, *BOOLS)
 REQUIRED = ("model", "device", "input_len", "output_len")
 ARRIVALS = ("all_at_once", "closed_loop", "poisson")
@@ -126,6 +126,8 @@ def normalise(records: Iterable[Mapping[Any, Any]], file: str, *, line_offset: i
             flag = _flag(rec.get(col), key(col), file)
             if flag is not None:
                 row[col] = flag
+        if row.get("attention_dp"):
+            _check_attention_dp(row, file, key)
         if "memory_utilization" in row and row["memory_utilization"] > 1:
             raise ConfigError("memory_utilization is a fraction in (0, 1]", file=file,
                               key=key("memory_utilization"))
@@ -148,6 +150,23 @@ def normalise(records: Iterable[Mapping[Any, Any]], file: str, *, line_offset: i
     frame = pd.DataFrame(out)
     ordered = [c for c in ("file", "row", "line", *COLUMNS) if c in frame.columns]
     return frame[ordered]
+
+
+def _check_attention_dp(row: dict[str, Any], file: str, key: Any) -> None:
+    """``attention_dp``: the ``tp`` ranks run attention data-parallel and the experts
+    expert-parallel over all of them, so ``ep`` is ``tp`` (or left out) and the model is MoE."""
+    tp = row.get("tp", 1)
+    if tp < 2:
+        raise ConfigError("attention_dp needs tp >= 2: the tp ranks become the attention "
+                          "data-parallel ranks", file=file, key=key("tp"))
+    if row.setdefault("ep", tp) != tp:
+        raise ConfigError(f"with attention_dp the experts run expert-parallel over all tp ranks: "
+                          f"ep must be {tp} (tp) or empty, got {row['ep']}", file=file,
+                          key=key("ep"))
+    if not get_model(row["model"]).is_moe:
+        raise ConfigError(f"attention_dp is for MoE models ({row['model']} is dense): the "
+                          "ranks' experts are what the data-parallel ranks share", file=file,
+                          key=key("attention_dp"))
 
 
 def _arrival(rec: Mapping[str, Any], row: dict[str, Any], file: str, key: Any) -> str:

@@ -45,11 +45,16 @@ def _key(row: dict[Any, Any]) -> tuple[object, ...]:
                  for v in (row.get(k) for k in KEY))
 
 
+CLASSES = ("dense", "MoE", "FP4", "MoE FP4")
+"""The groups reported separately: dense and MoE models, each at FP4 apart."""
+
+
 def row_class(model: str, precision: str) -> str:
-    """``dense``, ``MoE`` or ``FP4``: the groups reported separately."""
+    """The group of :data:`CLASSES` a row is reported in."""
+    moe = get_model(model).is_moe
     if precision == "fp4":
-        return "FP4"
-    return "MoE" if get_model(model).is_moe else "dense"
+        return "MoE FP4" if moe else "FP4"
+    return "MoE" if moe else "dense"
 
 
 def build(folder: Path | None = None, max_requests: int | None = None) -> ServingReport:
@@ -107,7 +112,7 @@ def markdown(report: ServingReport, image: str = "img/serving_parity.png") -> st
                ("line", "engine", "device", "model", "input_len", "output_len", "concurrency",
                 "metric", "measured", "predicted", "error_pct")),
     ]
-    for cls in ("dense", "MoE", "FP4"):
+    for cls in CLASSES:
         part = val[val["class"] == cls]
         parts.append(f"\n### Validation, {cls} models ({len(part)} measured values)\n\n")
         if part.empty:

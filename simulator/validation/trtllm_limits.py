@@ -51,7 +51,11 @@ DEVICE_MIB = {
 }
 """Total memory NVML reports per GPU (MiB), what ``get_device_memory`` reads."""
 
-FILES = ("serving_trtllm_llama8b.csv", "serving_trtllm_dense.csv", "serving_trtllm_fp4.csv")
+FILES = ("serving_trtllm_llama8b.csv", "serving_trtllm_dense.csv", "serving_trtllm_fp4.csv",
+         "serving_trtllm_dense_devguide.csv", "serving_trtllm_moe.csv")
+"""The shipped trtllm-bench files. With ``attention_dp`` a row's limits are per attention rank:
+``trtllm-bench --tp N`` sizes them for the N GPUs as for TP N, and every rank's executor takes
+them (see :func:`simulator.validation.serving.row_scenario`)."""
 
 
 def checkpoint_elements(model: ModelConfig, weights: str) -> int:
