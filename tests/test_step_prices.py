@@ -130,8 +130,8 @@ def test_a_stretch_across_a_block_edge_reads_one_window() -> None:
 def test_kept_step_prices_equal_a_direct_call(which: int,
                                               shapes: list[tuple[int, int, int, int]],
                                               max_steps: int) -> None:
-    """Prefill, mixed and decode shapes, repeated and with entries dropped from a full
-    table, price as ``cost.step`` does."""
+    """Prefill (of one prompt and of several), mixed and decode shapes, repeated and with
+    entries dropped from a full table, price as ``cost.step`` does."""
     cost = COSTS[which % len(COSTS)]
     prices = StepPrices(cost)
     assert prices.kept == pure(cost)
@@ -140,6 +140,8 @@ def test_kept_step_prices_equal_a_direct_call(which: int,
         for new, cached, seqs, ctx in [*shapes, *shapes]:  # each shape at least twice
             shape = BatchShape.build([(new, cached, True)], [ctx // max(seqs, 1)] * seqs)
             assert prices.step(shape) == cost.step(shape)
+            several = BatchShape.build([(new, cached, True), (1 + new // 2, 0, True)])
+            assert prices.step(several) == cost.step(several)
         assert len(prices._steps) <= max_steps
 
 

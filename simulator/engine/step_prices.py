@@ -7,7 +7,11 @@ is a pure function of the batch shape, and prefill-only shapes repeat: a disaggr
 prefill instance mostly runs one prompt per step, and prompt lengths recur (on 1P1D
 Llama-3.1-70B at 10k requests, 63 % of its steps). Their prices are kept by shape, least
 recently used dropped beyond ``MAX_STEPS``. Mixed steps (prefill chunks and decodes) are
-priced directly: their context sums almost never repeat (about 1 % on the same run).
+priced directly: their context sums almost never repeat (about 1 % on the same run). So
+are prefill steps of several prompts: their combinations of lengths almost never repeat
+either (on the 24-hour replay, benchmarks/README.md (e), 30,769 distinct ones in 30,890
+such steps), and kept they would push out the one-prompt shapes that do (43,289 shapes
+priced over that replay with them kept, 37,694 without).
 A decode-only step that runs alone (a stretch too short to jump, or the step an admission
 cuts) is read from the decode series below, so it costs a lookup and has the price it has
 inside a stretch, bit for bit.
@@ -95,7 +99,7 @@ class StepPrices:
         self._blocks: OrderedDict[tuple[int, int], DecodeSeries] = OrderedDict()
 
     def step(self, shape: BatchShape) -> StepCost | SeriesStep:
-        """The price of one step of ``shape``: kept for prefill-only shapes; a decode-only
+        """The price of one step of ``shape``: kept for one-prompt prefill shapes; a decode-only
         step of a table-priced model is read from the decode series its stretches read, so
         a decode step has one price whether it runs alone or in a stretch."""
         if shape.decode_seqs:
@@ -103,7 +107,7 @@ class StepPrices:
                     and shape.logits_seqs == shape.decode_seqs):
                 return self.decode_step(shape.decode_seqs, shape.decode_ctx_tokens)
             return self.cost.step(shape)  # type: ignore[no-any-return]
-        if not self.kept:
+        if not self.kept or shape.prefill_seqs > 1:
             return self.cost.step(shape)  # type: ignore[no-any-return]
         steps = self._steps
         price = steps.get(shape)
