@@ -546,6 +546,32 @@ def test_the_report_keeps_moe_fp4_rows_out_of_the_dense_fp4_and_moe_groups() -> 
     assert row_class("Llama-3.1-70B", "fp8") == "dense"
 
 
+def test_the_predictor_option_prices_every_row_with_it(tmp_path: Path) -> None:
+    path = _csv(tmp_path, [ROW])
+    wide = {}
+    for predictor in ("auto", "roofline"):
+        out = tmp_path / f"{predictor}.csv"
+        res = runner.invoke(app, ["validate-serving", str(path), "--out", str(out),
+                                  "--predictor", predictor])
+        assert res.exit_code == 0, res.output
+        wide[predictor] = pd.read_csv(out).iloc[0]
+    assert (wide["auto"]["cost_predictor"], wide["roofline"]["cost_predictor"]) == (
+        "fitted", "roofline")
+    assert wide["auto"]["predicted_tpot_ms"] != wide["roofline"]["predicted_tpot_ms"]
+    res = runner.invoke(app, ["validate-serving", str(path), "--predictor", "guess"])
+    assert res.exit_code == 2
+
+
+def test_the_predictor_choices_are_the_scenario_schemas() -> None:
+    from typing import get_args
+
+    from simulator.cli.validate_cmd import Predictor
+    from simulator.scenario.schema import CostSpec
+
+    allowed = get_args(CostSpec.model_fields["predictor"].annotation)
+    assert [p.value for p in Predictor] == list(allowed)
+
+
 def test_every_shipped_serving_row_cites_its_source() -> None:
     folder = Path(__file__).resolve().parents[1] / "scenarios" / "validation"
     files = sorted(folder.glob("serving_*.csv"))

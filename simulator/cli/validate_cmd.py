@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,15 @@ from rich.table import Table
 from simulator.cli.app import app
 from simulator.cli.render import make_console
 from simulator.errors import ConfigError
+
+
+class Predictor(StrEnum):
+    """``cost.predictor`` values (simulator/scenario/schema.py, CostSpec)."""
+
+    auto = "auto"
+    roofline = "roofline"
+    fitted = "fitted"
+    tables = "tables"
 
 
 def _pct(value: float) -> str:
@@ -169,6 +179,9 @@ def validate_serving(
     engine_version: Annotated[str | None, typer.Option(help="Engine version for JSON results.")] = None,
     tp: Annotated[int | None, typer.Option(min=1, help="TP for JSON results.")] = None,
     precision: Annotated[str | None, typer.Option(help="Precision for JSON results.")] = None,
+    predictor: Annotated[Predictor, typer.Option(help=(
+        "Step-time predictor for every row (`cost.predictor`): auto, roofline, fitted, or "
+        "tables (measured kernel tables; needs the `kernels` extra)."))] = Predictor.auto,
     report: Annotated[bool, typer.Option("--report", help=(
         "Regenerate the serving section of docs/VALIDATION.md and docs/img/serving_parity.png "
         "from the shipped scenarios/validation/serving_*.csv (calibration set apart)."))] = False,
@@ -195,7 +208,7 @@ def validate_serving(
                                   ("engine_version", engine_version),
                                   ("precision", precision)) if v is not None}
     df = read_serving(results, defaults)
-    wide = simulate_rows(df, max_requests=max_requests)
+    wide = simulate_rows(df, max_requests=max_requests, predictor=predictor.value)
     errors = long_errors(wide)
     table = Table(title="simulated vs measured")
     for col in ("file", "line", "model", "device", "TP", "engine", "ISL/OSL", "concurrency",

@@ -63,8 +63,9 @@ def _num(row: dict[Any, Any], col: str) -> float | None:
 
 
 def row_scenario(row: dict[Any, Any], file: str | None = None,
-                 max_requests: int | None = None) -> Scenario:
-    """The scenario that reproduces one canonical row (validated; errors name the row)."""
+                 max_requests: int | None = None, predictor: str = "auto") -> Scenario:
+    """The scenario that reproduces one canonical row (validated; errors name the row),
+    its steps priced by ``predictor`` (``cost.predictor``)."""
     where = _where(row)
     version = row.get("engine_version")
     ref = engine_ref(str(row["engine"]), version if isinstance(version, str) else None)
@@ -120,6 +121,7 @@ def row_scenario(row: dict[Any, Any], file: str | None = None,
                             "ep": _int(row, "ep", 1), "dp": ranks},
             "scheduler": scheduler,
         }]},
+        "cost": {"predictor": predictor},
     }
     return validate(Scenario, data, file=file, prefix=where)
 
@@ -134,10 +136,11 @@ def _simulation(scenario: Scenario, row: dict[Any, Any], file: str | None) -> An
         raise ConfigError(exc.message, file=file, key=key) from None
 
 
-def check_rows(df: pd.DataFrame, file: str | None = None) -> None:
+def check_rows(df: pd.DataFrame, file: str | None = None, predictor: str = "auto") -> None:
     """Build every row's simulation, so every problem surfaces before the first run."""
     for row in df.to_dict("records"):
-        _simulation(row_scenario(row, row.get("file", file)), row, row.get("file", file))
+        _simulation(row_scenario(row, row.get("file", file), predictor=predictor), row,
+                    row.get("file", file))
 
 
 def predict(summary: dict[str, Any], statistic: str, frontend_s: float) -> dict[str, float]:
@@ -154,13 +157,14 @@ def predict(summary: dict[str, Any], statistic: str, frontend_s: float) -> dict[
 
 
 def simulate_rows(df: pd.DataFrame, *, file: str | None = None,
-                  max_requests: int | None = None) -> pd.DataFrame:
-    """Every row with its predictions: the input columns plus ``predicted_*`` (wide)."""
-    check_rows(df, file)
+                  max_requests: int | None = None, predictor: str = "auto") -> pd.DataFrame:
+    """Every row with its predictions: the input columns plus ``predicted_*`` (wide), and
+    which predictor priced its steps (``cost_predictor``)."""
+    check_rows(df, file, predictor)
     out: list[dict[Any, Any]] = []
     for row in df.to_dict("records"):
         src = row.get("file", file)
-        scenario = row_scenario(row, src, max_requests)
+        scenario = row_scenario(row, src, max_requests, predictor)
         wall0 = time.perf_counter()
         result = _simulation(scenario, row, src).run()
         engine = load_engine(scenario.engine)
@@ -169,6 +173,7 @@ def simulate_rows(df: pd.DataFrame, *, file: str | None = None,
                         engine.frontend.seconds(_int(row, "input_len", 1)))
         out.append({**row, "engine_profile": scenario.engine,
                     "simulated_requests": scenario.workload.num_requests, **preds,
+                    "cost_predictor": summary["cost_predictor"],
                     "completed": summary["completed"], "preemptions": summary["preemptions"],
                     "wall_s": round(time.perf_counter() - wall0, 3)})
     return pd.DataFrame(out)
