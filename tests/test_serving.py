@@ -203,6 +203,29 @@ def test_batches_pad_to_the_next_captured_size() -> None:
     assert host_model(load_engine("vllm"), max_num_seqs=8).graph_sizes[-1] == 16  # 2 x seqs
 
 
+def test_trtllm_pads_decode_batches_to_the_perf_overview_capture_list() -> None:
+    """trtllm-bench's runs capture 1, 2, 4, ..., 256, 384, 512, 1024, ... with padding on; the
+    engine keeps the sizes up to its max_batch_size. NIM's list is not published: a graph
+    at every batch size, as before."""
+    trt = host_model(load_engine("trtllm"), max_num_seqs=640)
+    assert [trt.graph_batch(n) for n in (3, 300, 475, 512, 513)] == [4, 384, 512, 512, None]
+    assert host_model(load_engine("trtllm"), max_num_seqs=4096).graph_batch(885) == 1024
+    nim = host_model(load_engine("nim"), max_num_seqs=640)
+    assert [nim.graph_batch(n) for n in (3, 475, 640)] == [3, 475, 640]
+
+
+def test_each_attention_rank_captures_graphs_up_to_its_own_batch_limit() -> None:
+    """With attention data parallelism the captured sizes are one rank's: a per-rank
+    max_batch_size of 384 keeps sizes up to 384, so a rank's 375 sequences pad to 384."""
+    pool = {"name": "main", "role": "colocated", "device": "H200-SXM",
+            "parallelism": {"tp": 1, "dp": 4, "ep": 4},
+            "scheduler": {"max_num_seqs": 4 * 384, "max_num_batched_tokens": 4 * 3584}}
+    sc = make_scenario(model="Qwen3-235B-A22B", engine="trtllm", **{"cluster.pools": [pool]})
+    host = build_plan(sc).pools[0].cost_models[0].host
+    assert host.graph_sizes[-1] == 384
+    assert host.graph_batch(375) == 384
+
+
 def test_breakdown_lists_the_host_time_the_step_pays() -> None:
     host = HostModel(step_s=100e-6, per_seq_s=2e-6, eager_layer_s=10e-6, graph_sizes=(1, 8))
     cm = InstanceCostModel(M8, H100, host=host)

@@ -41,6 +41,12 @@ def _share(value: float, parts: int) -> int:
     return math.ceil(value / parts)
 
 
+def rank_limit(limit: int | None, dp: int) -> int | None:
+    """One of ``dp`` attention ranks' share of an instance's batch limit (None: unset): the
+    limit each rank's executor runs under."""
+    return None if limit is None else _share(limit, dp)
+
+
 def rank_batch(batch: BatchShape, dp: int) -> BatchShape:
     """The busiest of ``dp`` evenly balanced attention ranks' share of ``batch``."""
     if dp <= 1 or batch.is_empty:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from simulator.cost.dp_attention import rank_limit
 from simulator.cost.handoff import handoff_streams
 from simulator.cost.host import host_model
 from simulator.cost.memory import MemoryPlan
@@ -201,7 +202,9 @@ def build_plan(scenario: Scenario, base_dir: Path | None = None,
                                                                model.hidden_size),
                     **moe_cost_kwargs(pool, model, dev, par, place_, imbalance),
                     **tables,
-                    host=host_model(engine, pool.scheduler.max_num_seqs,
+                    # Each attention rank's executor captures its own graphs, up to its
+                    # own batch limit; the step is priced on one rank's share.
+                    host=host_model(engine, rank_limit(pool.scheduler.max_num_seqs, par.dp),
                                     dev.memory_capacity_gib, par.tp),
                 ))
             except ValueError as exc:
