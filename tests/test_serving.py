@@ -606,6 +606,16 @@ def test_every_shipped_serving_row_cites_its_source() -> None:
         assert (rows["source"].str.len() > 20).all(), path.name
 
 
+def test_every_shipped_serving_row_builds_its_simulation() -> None:
+    """What `validate-serving --report` runs: each shipped row resolves to a scenario whose
+    cluster builds (memory fits, limits valid), attention-DP rows included."""
+    from simulator.validation.serving import check_rows
+
+    folder = Path(__file__).resolve().parents[1] / "scenarios" / "validation"
+    for path in sorted(folder.glob("serving_*.csv")):
+        check_rows(read_serving(path), str(path))
+
+
 def test_the_frontend_pays_per_prompt_token_in_ttft_and_in_the_turnaround(
         tmp_path: Path) -> None:
     """A per-prompt-token frontend time (tokeniser, detokeniser priming) is added to the
