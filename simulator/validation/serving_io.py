@@ -127,6 +127,7 @@ def normalise(records: Iterable[Mapping[Any, Any]], file: str, *, line_offset: i
             if flag is not None:
                 row[col] = flag
         if row.get("attention_dp"):
+            row.setdefault("ep", row.get("tp", 1))  # the experts span every attention rank
             _check_attention_dp(row, file, key)
         if "memory_utilization" in row and row["memory_utilization"] > 1:
             raise ConfigError("memory_utilization is a fraction in (0, 1]", file=file,
@@ -154,12 +155,12 @@ def normalise(records: Iterable[Mapping[Any, Any]], file: str, *, line_offset: i
 
 def _check_attention_dp(row: dict[str, Any], file: str, key: Any) -> None:
     """``attention_dp``: the ``tp`` ranks run attention data-parallel and the experts
-    expert-parallel over all of them, so ``ep`` is ``tp`` (or left out) and the model is MoE."""
+    expert-parallel over all of them, so ``ep`` is ``tp`` and the model is MoE."""
     tp = row.get("tp", 1)
     if tp < 2:
         raise ConfigError("attention_dp needs tp >= 2: the tp ranks become the attention "
                           "data-parallel ranks", file=file, key=key("tp"))
-    if row.setdefault("ep", tp) != tp:
+    if row["ep"] != tp:
         raise ConfigError(f"with attention_dp the experts run expert-parallel over all tp ranks: "
                           f"ep must be {tp} (tp) or empty, got {row['ep']}", file=file,
                           key=key("ep"))
